@@ -1,0 +1,193 @@
+"""Engine configuration: one frozen dataclass per concern, validated at construction.
+
+No I/O here and nothing is ever mutated after creation. Derived decisions (the resolved async mode, the
+number of KV blocks once the model's size is known) live in separate objects that keep the request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+MAX_SPECULATIVE_TOKENS = 16
+
+
+def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    max_model_len: int | None = None  # None: the model's own context length
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError("model must be a non-empty string")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        _positive("max_model_len", self.max_model_len, allow_none=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "float32" if self.device == "cpu" else "bfloat16"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
+    kv_cache_memory: int | None = None  # bytes; None: DEFAULT_KV_CACHE_MEMORY
+    enable_prefix_caching: bool = True
+
+    DEFAULT_KV_CACHE_MEMORY = 1 << 30
+
+    def __post_init__(self) -> None:
+        _positive("block_size", self.block_size)
+        _positive("num_kv_blocks", self.num_kv_blocks, allow_none=True)
+        _positive("kv_cache_memory", self.kv_cache_memory, allow_none=True)
+
+    def num_blocks_for(self, bytes_per_block: int) -> int:
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        budget = self.kv_cache_memory or self.DEFAULT_KV_CACHE_MEMORY
+        blocks = budget // bytes_per_block
+        if blocks < 1:
+            raise ValueError(
+                f"kv_cache_memory ({budget} bytes) is smaller than one KV block ({bytes_per_block} bytes)"
+            )
+        return int(blocks)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    # Tri-state request: False = off, True = demanded (fail if unsupported), None = decide by capability.
+    # Never rewritten: the decision lives in AsyncSchedulingDecision.
+    async_scheduling: bool | None = None
+
+    def __post_init__(self) -> None:
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.async_scheduling not in (None, True, False):
+            raise ValueError(
+                f"async_scheduling must be True, False or None, got {self.async_scheduling!r}"
+            )
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's ``speculative_config`` keys."""
+
+    method: str
+    num_speculative_tokens: int
+    model: str | None = None  # draft checkpoint (draft_model, eagle, eagle3)
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    draft_dtype: str | None = None
+    eagle3_layer_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in _SPEC_METHODS:
+            raise ValueError(
+                f"speculative_config.method must be one of {_SPEC_METHODS}, got {self.method!r}"
+            )
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                "speculative_config.num_speculative_tokens must be an integer in "
+                f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}"
+            )
+        if self.method == "ngram":
+            lo = self.prompt_lookup_min if self.prompt_lookup_min is not None else 1
+            hi = self.prompt_lookup_max if self.prompt_lookup_max is not None else max(lo, 4)
+            _positive("speculative_config.prompt_lookup_min", lo)
+            _positive("speculative_config.prompt_lookup_max", hi)
+            if lo > hi:
+                raise ValueError(
+                    f"speculative_config.prompt_lookup_min ({lo}) must not exceed "
+                    f"prompt_lookup_max ({hi})"
+                )
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("speculative_config.model is required for method 'draft_model'")
+        if self.draft_dtype is not None and self.draft_dtype not in _DTYPES:
+            raise ValueError(f"speculative_config.draft_dtype must be one of {_DTYPES}")
+
+    @property
+    def ngram_min(self) -> int:
+        return self.prompt_lookup_min if self.prompt_lookup_min is not None else 1
+
+    @property
+    def ngram_max(self) -> int:
+        if self.prompt_lookup_max is not None:
+            return self.prompt_lookup_max
+        return max(self.ngram_min, 4)
+
+    @classmethod
+    def from_any(cls, value: SpeculativeConfig | dict[str, Any] | str | None) -> SpeculativeConfig | None:
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"speculative_config is not valid JSON: {exc}") from exc
+        if not isinstance(value, dict):
+            raise ValueError("speculative_config must be a dict, a JSON string or SpeculativeConfig")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}")
+        if "method" not in value or "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config needs 'method' and 'num_speculative_tokens'")
+        kwargs = dict(value)
+        if kwargs.get("eagle3_layer_ids") is not None:
+            kwargs["eagle3_layer_ids"] = tuple(kwargs["eagle3_layer_ids"])
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    executor_backend: str = "uni"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    worker_threads: int | None = None  # torch threads in the worker; None = all cores
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.executor_backend, str) or not self.executor_backend:
+            raise ValueError("executor_backend must be a non-empty string")
+        _positive("tensor_parallel_size", self.tensor_parallel_size)
+        _positive("pipeline_parallel_size", self.pipeline_parallel_size)
+        _positive("worker_threads", self.worker_threads, allow_none=True)
+
+
+@dataclass(frozen=True)
+class ObservabilityConfig:
+    debug_invariants: bool = False  # check every request and block-pool invariant after every step
+    trace_file: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative: SpeculativeConfig | None = None
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)

@@ -1,0 +1,47 @@
+"""The async scheduler: the same scheduler, able to schedule step N+1 while step N is in flight.
+
+What changes with async (SEMANTICS.md §3):
+- a running request is scheduled again while its previous step is in flight: its next input token is a
+  placeholder the runner fills from its own (device) copy of step N's sampled token;
+- drafts are not known on the host: after scheduling a step that samples, ``spec_token_ids`` becomes
+  ``[-1] * k`` — k draft slots whose values stay on the device;
+- no scheduling past a guaranteed limit: every sampling step in flight guarantees one token, so a request
+  whose in-flight steps already reach ``max_tokens`` (or ``max_model_len``) is not scheduled again.
+  Draft slots are bounded by the same guaranteed count; the runner, which knows the exact accepted
+  counts, fills only the slots that fit (the rest stay -1 and count as rejected).
+"""
+
+from __future__ import annotations
+
+from tandem.core.interface import SchedulerOutput
+from tandem.core.request import Request
+from tandem.core.scheduler import Scheduler
+
+
+class AsyncScheduler(Scheduler):
+    is_async = True
+
+    @staticmethod
+    def _guaranteed_remaining(req: Request) -> int:
+        """Tokens still allowed if each in-flight sampling step yields exactly its one sure token."""
+        guaranteed = sum(1 for step in req.inflight if step.samples)
+        limits = []
+        if req.max_tokens is not None:
+            limits.append(req.max_tokens - len(req.output_token_ids) - guaranteed)
+        if req.max_model_len is not None:
+            limits.append(req.max_model_len - req.num_tokens - guaranteed)
+        return min(limits) if limits else 1 << 30
+
+    def _can_schedule_running(self, req: Request) -> bool:
+        return self._guaranteed_remaining(req) > 0
+
+    def _max_draft_slots(self, req: Request) -> int:
+        return max(0, min(len(req.spec_token_ids), self._guaranteed_remaining(req) - 1))
+
+    def _update_after_schedule(self, out: SchedulerOutput) -> None:
+        super()._update_after_schedule(out)
+        if not self.num_spec_tokens:
+            return
+        for rid in out.sampling_req_ids:
+            # The runner proposes k drafts during this step; their values stay on the device.
+            self.requests[rid].spec_token_ids = [-1] * self.num_spec_tokens

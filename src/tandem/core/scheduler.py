@@ -1,0 +1,378 @@
+"""Continuous-batching scheduler. Pure Python, no torch.
+
+Each step maps request -> number of tokens under ``max_num_batched_tokens`` and ``max_num_seqs``; prefill
+chunks and decodes (with their drafts) mix freely. Running requests go first in arrival order, then the
+waiting queue FCFS. When blocks run out, the most recently admitted running request is preempted
+(recompute: its blocks are freed and it re-enters the head of the waiting queue).
+
+Ledger writes (SEMANTICS.md §2-3), all in this file:
+- schedule: ``C += n``; ``PH += 1 + drafts`` for a step that samples; ``spec_token_ids`` consumed;
+  an ``InFlightStep`` remembers what was promised.
+- update_from_output: ``C -= rejected``; ``PH -= 1 + drafts``; tokens appended one by one with stop checks;
+  tokens after a stop are dropped and C trimmed by them; blocks before the completed frontier cached.
+- preempt: blocks freed, ``C = PH = 0``, drafts and in-flight records dropped, ``epoch += 1`` so outputs of
+  steps scheduled before the preemption are recognised as stale and change nothing.
+
+This class is the synchronous scheduler; :class:`~tandem.core.async_scheduler.AsyncScheduler` adds what
+async needs (draft placeholders, scheduling while a step is in flight) on top of the same methods.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from tandem.core.interface import (
+    CachedRequestData,
+    EngineCoreOutput,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from tandem.core.kv_cache_manager import KVCacheManager
+from tandem.core.request import InFlightStep, InvariantError, Request, RequestStatus
+from tandem.core.stats import SchedulerCounters
+from tandem.core.stop import check_stop
+
+
+class Scheduler:
+    is_async = False
+
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        num_kv_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        num_speculative_tokens: int = 0,
+    ) -> None:
+        if max_model_len > num_kv_blocks * block_size:
+            raise ValueError(
+                f"max_model_len ({max_model_len}) is larger than the KV cache can hold "
+                f"({num_kv_blocks} blocks x {block_size} = {num_kv_blocks * block_size} tokens): one "
+                "request could never finish; lower max_model_len or raise kv_cache_memory / num_kv_blocks"
+            )
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.num_spec_tokens = num_speculative_tokens
+        self.kv = KVCacheManager(num_kv_blocks, block_size, enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._step_id = 0
+        self._finished_for_runner: set[str] = set()
+        self._preempted_for_runner: set[str] = set()
+        self.counters = SchedulerCounters()
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
+    # -- admission ---------------------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        if req.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"prompt is {req.num_prompt_tokens} tokens; max_model_len is {self.max_model_len} "
+                "(the prompt plus at least one output token must fit)"
+            )
+        need = self.kv.blocks_needed(req.num_prompt_tokens + 1)
+        if need > self.kv.num_blocks:
+            raise ValueError(
+                f"prompt of {req.num_prompt_tokens} tokens needs {need} KV blocks but the whole KV cache "
+                f"has {self.kv.num_blocks}; raise kv_cache_memory / num_kv_blocks"
+            )
+        if req.max_model_len is None:
+            req.max_model_len = self.max_model_len
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+        self.counters.num_prompt_tokens += req.num_prompt_tokens
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # -- schedule ----------------------------------------------------------------------------------------
+    def _can_schedule_running(self, req: Request) -> bool:
+        """Sync: a running request always has exactly one known next token to feed."""
+        return True
+
+    def _max_draft_slots(self, req: Request) -> int:
+        """Draft slots worth scheduling: never past max_tokens or max_model_len."""
+        return max(0, min(len(req.spec_token_ids), req.remaining_tokens() - 1))
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        spec_tokens: dict[str, list[int]] = {}
+        new_reqs: list[NewRequestData] = []
+        cached_reqs: list[CachedRequestData] = []
+        blocks_before: dict[str, int] = {}
+        preempted_now = False
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            if not self._can_schedule_running(req):
+                i += 1
+                continue
+            # Tokens up to the logical end (known tokens + in-flight placeholders), then the drafts.
+            to_end = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
+            n_spec = self._max_draft_slots(req) if to_end == 1 else 0
+            n_new = min(to_end + n_spec, budget, self.max_model_len - req.num_computed_tokens)
+            if n_new <= 0:
+                i += 1
+                continue
+            blocks_before[req.request_id] = len(req.block_ids)
+            while not self.kv.allocate_slots(req, n_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted_now = True
+                if victim is req:
+                    break
+            if req.status != RequestStatus.RUNNING:
+                break  # the request preempted itself: nothing further fits
+            n_spec = max(0, n_new - to_end)
+            num_scheduled[req.request_id] = n_new
+            if n_spec:
+                spec_tokens[req.request_id] = req.spec_token_ids[:n_spec]
+            budget -= n_new
+            i += 1
+
+        while self.waiting and budget > 0 and not preempted_now:
+            if len(self.running) >= self.max_num_seqs:
+                break
+            req = self.waiting[0]
+            hits, num_hit = self.kv.get_computed_blocks(req)
+            n_new = min(req.num_tokens - num_hit, budget)
+            if not self.kv.allocate_slots(req, n_new, hits):
+                break  # FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            req.num_computed_tokens = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            num_scheduled[req.request_id] = n_new
+            budget -= n_new
+            new_reqs.append(
+                NewRequestData(
+                    req_id=req.request_id,
+                    prompt_token_ids=list(req.prompt_token_ids),
+                    output_token_ids=list(req.output_token_ids),
+                    sampling_params=req.sampling_params,
+                    seed=req.seed,
+                    block_ids=list(req.block_ids),
+                    num_computed_tokens=num_hit,
+                )
+            )
+
+        new_ids = {nr.req_id for nr in new_reqs}
+        for rid, before in blocks_before.items():
+            if rid in num_scheduled and rid not in new_ids:
+                req = self.requests[rid]
+                cached_reqs.append(
+                    CachedRequestData(rid, req.block_ids[before:], req.num_computed_tokens)
+                )
+
+        self._step_id += 1
+        out = SchedulerOutput(
+            step_id=self._step_id,
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            scheduled_spec_decode_tokens=spec_tokens,
+        )
+        if num_scheduled:
+            # The runner learns what to forget with the next step it runs.
+            out.finished_req_ids, self._finished_for_runner = self._finished_for_runner, set()
+            out.preempted_req_ids, self._preempted_for_runner = self._preempted_for_runner, set()
+            self.counters.num_steps += 1
+        self._update_after_schedule(out)
+        return out
+
+    def _update_after_schedule(self, out: SchedulerOutput) -> None:
+        """Advance C, promise placeholders, consume drafts, remember the step as in flight."""
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.requests[rid]
+            n_drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            to_end = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
+            samples = n - n_drafts >= to_end
+            out.req_epochs[rid] = req.epoch
+            out.num_computed_before[rid] = req.num_computed_tokens
+            if samples:
+                out.sampling_req_ids.add(rid)
+            step = InFlightStep(out.step_id, n, n_drafts, samples)
+            req.inflight.append(step)
+            req.num_computed_tokens += n
+            req.num_output_placeholders += step.num_placeholders
+            req.spec_token_ids = []
+
+    # -- preemption, abort, finish -----------------------------------------------------------------------
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_output_placeholders = 0
+        req.spec_token_ids = []
+        req.inflight.clear()
+        req.epoch += 1
+        req.num_preemptions += 1
+        self.counters.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self._preempted_for_runner.add(req.request_id)
+
+    def finish_requests(self, req_ids: Iterable[str], status: RequestStatus) -> list[str]:
+        """Finish requests from outside the step (abort, stop string); late outputs are ignored."""
+        if not status.finished:
+            raise ValueError(f"{status!r} is not a finished status")
+        done = []
+        for rid in req_ids:
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            self._free_request(req, status)
+            done.append(rid)
+        return done
+
+    def abort_requests(self, req_ids: Iterable[str]) -> list[str]:
+        return self.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
+
+    def _free_request(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        self.kv.free(req)
+        req.num_output_placeholders = 0
+        req.spec_token_ids = []
+        req.inflight.clear()
+        del self.requests[req.request_id]
+        self._finished_for_runner.add(req.request_id)
+        self._preempted_for_runner.discard(req.request_id)
+        self.counters.num_finished += 1
+
+    # -- update --------------------------------------------------------------------------------------------
+    def update_from_output(
+        self, so: SchedulerOutput, out: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        index = out.index_of()
+        results: list[EngineCoreOutput] = []
+        finished: list[Request] = []
+        for rid in so.num_scheduled_tokens:
+            req = self.requests.get(rid)
+            if req is None:
+                continue  # aborted or finished while the step was in flight
+            if req.epoch != so.req_epochs[rid] or req.status != RequestStatus.RUNNING:
+                self.counters.num_stale_outputs += 1
+                continue  # preempted after this step was scheduled: stale, changes nothing
+            step = req.inflight.popleft()
+            if step.step_id != so.step_id:
+                raise InvariantError(f"{rid}: output of step {so.step_id}, expected {step.step_id}")
+            if rid in out.failed:
+                self.running.remove(req)
+                self._free_request(req, RequestStatus.FINISHED_ERROR)
+                results.append(
+                    EngineCoreOutput(rid, [], finish_reason="error", error=out.failed[rid])
+                )
+                continue
+            sampled = out.sampled_token_ids[index[rid]] if rid in index else []
+            result = self._commit(req, step, sampled, out, index.get(rid))
+            if result is None:
+                continue
+            results.append(result)
+            if req.status.finished:
+                finished.append(req)
+        for req in finished:
+            self.running.remove(req)
+            self._free_request(req, req.status)
+        return results
+
+    def _commit(
+        self,
+        req: Request,
+        step: InFlightStep,
+        sampled: list[int],
+        out: ModelRunnerOutput,
+        idx: int | None,
+    ) -> EngineCoreOutput | None:
+        prompt_lp = out.prompt_logprobs.get(req.request_id)
+        if not step.samples:
+            if sampled:
+                raise InvariantError(f"{req.request_id}: tokens returned for a prefill chunk")
+            self.kv.cache_blocks(req, req.completed_frontier)
+            if prompt_lp is None:
+                return None
+            return EngineCoreOutput(req.request_id, [], prompt_logprobs=prompt_lp)
+        if not 1 <= len(sampled) <= step.num_drafts + 1:
+            raise InvariantError(
+                f"{req.request_id}: {len(sampled)} tokens returned for {step.num_drafts} drafts"
+            )
+        num_accepted = len(sampled) - 1
+        req.num_computed_tokens -= step.num_drafts - num_accepted
+        req.num_output_placeholders -= step.num_placeholders
+        num_valid = step.num_drafts
+        if out.num_valid_drafts is not None and idx is not None:
+            num_valid = out.num_valid_drafts[idx]
+        req.spec_stats.observe(num_valid, num_accepted)
+        self.counters.spec.observe(num_valid, num_accepted)
+        logprobs = out.logprobs[idx] if out.logprobs is not None and idx is not None else None
+
+        new_tokens: list[int] = []
+        for token in sampled:
+            req.output_token_ids.append(token)
+            new_tokens.append(token)
+            status = check_stop(req, token)
+            if status is not None:
+                req.status = status
+                req.num_computed_tokens -= len(sampled) - len(new_tokens)  # drop the rest
+                break
+        self.counters.num_generation_tokens += len(new_tokens)
+        if not req.status.finished:
+            self.kv.cache_blocks(req, req.completed_frontier)
+            if out.spec_token_ids is not None and idx is not None:
+                req.spec_token_ids = list(out.spec_token_ids[idx])
+        return EngineCoreOutput(
+            req.request_id,
+            new_tokens,
+            new_logprobs=logprobs[: len(new_tokens)] if logprobs is not None else None,
+            prompt_logprobs=prompt_lp,
+            finish_reason=req.status.finish_reason,
+            stop_reason=req.stop_reason,
+            num_cached_tokens=max(req.num_cached_tokens, 0),
+            num_draft_tokens=num_valid,
+            num_accepted_tokens=num_accepted,
+        )
+
+    # -- invariants ------------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        bs = self.block_size
+        for req in self.requests.values():
+            req.check_invariants(bs)
+        running = {r.request_id for r in self.running}
+        waiting = {r.request_id for r in self.waiting}
+        if running & waiting or running | waiting != set(self.requests):
+            raise InvariantError("running/waiting sets out of sync with live requests")
+        for req in self.running:
+            if req.status != RequestStatus.RUNNING:
+                raise InvariantError(f"{req.request_id} in running with status {req.status.name}")
+        for req in self.waiting:
+            if req.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED) or req.block_ids:
+                raise InvariantError(f"{req.request_id} waiting with status or blocks")
+        if len(self.running) > self.max_num_seqs:
+            raise InvariantError(f"{len(self.running)} running > max_num_seqs {self.max_num_seqs}")
+        self.kv.check_invariants(self.requests)
+        if not self.requests and not self.kv.all_free():
+            raise InvariantError("no request left but KV blocks still held")

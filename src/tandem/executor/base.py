@@ -1,0 +1,50 @@
+"""Executor interface: runs a ``SchedulerOutput`` on the model runner and hands back a future.
+
+Each backend declares whether it supports async scheduling (``SUPPORTS_ASYNC_SCHEDULING``); the async
+decision reads that declaration, so the capability matrix lives with the code it describes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from typing import ClassVar
+
+from tandem.async_decision import AsyncCapability, AsyncReason
+from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
+
+
+class ExecutorError(RuntimeError):
+    """The executor (worker thread or process) failed; the engine must fail in-flight requests."""
+
+
+class Executor(ABC):
+    name: ClassVar[str]
+    SUPPORTS_ASYNC_SCHEDULING: ClassVar[bool] = False
+    ASYNC_FIX: ClassVar[str] = "use executor_backend 'uni' or 'mp'"
+
+    @classmethod
+    def async_capability(cls) -> AsyncCapability:
+        return AsyncCapability(
+            kind="executor",
+            name=f"executor {cls.name!r}",
+            supported=cls.SUPPORTS_ASYNC_SCHEDULING,
+            reason=AsyncReason.UNSUPPORTED_EXECUTOR,
+            fix=cls.ASYNC_FIX,
+        )
+
+    @abstractmethod
+    def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        """Launch one step; returns at once. Steps run in submission order."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def check_health(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

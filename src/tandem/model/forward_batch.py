@@ -1,0 +1,110 @@
+"""The flat token batch one model forward consumes, and the paged KV cache it writes.
+
+A forward sees B requests whose *query* tokens are concatenated in batch order (T tokens in all): a request
+may contribute a prefill chunk (many tokens), a single decode token, or a decode token plus k drafts to
+verify. Request i owns rows ``query_start_loc[i]:query_start_loc[i+1]``. Its KV after this step holds
+``seq_lens[i]`` tokens: the context already cached plus this step's query tokens, which the attention layer
+writes into the cache by ``slot_mapping`` before attending.
+
+Invariants (checked by :meth:`ForwardBatch.validate`):
+- ``query_start_loc`` is non-decreasing, starts at 0 and ends at T; every request has at least one token.
+- ``seq_lens[i] >= query_len(i)``; the query tokens are the *last* ``query_len(i)`` tokens of the sequence,
+  so their positions are ``seq_lens[i] - query_len(i) ... seq_lens[i] - 1``.
+- ``slot_mapping[t] = block_tables[i][pos // block_size] * block_size + pos % block_size``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64, flat slot index into [num_blocks * block_size]
+    block_tables: torch.Tensor  # [B, max_blocks_per_req] int64, rows padded with 0
+    query_start_loc: list[int]  # host, B + 1
+    seq_lens: list[int]  # host, B
+    # Rows of the final hidden state to turn into logits (e.g. the last token of each request, or all
+    # k+1 verify positions). None means every row.
+    logits_indices: torch.Tensor | None = None
+    # Per-backend metadata built once per forward and shared by every layer (see attention.py).
+    attn_metadata: Any = field(default=None, repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens)
+
+    def query_len(self, i: int) -> int:
+        return self.query_start_loc[i + 1] - self.query_start_loc[i]
+
+    def validate(self, block_size: int) -> None:
+        """Check the invariants above (debug mode and tests; costs a host sync)."""
+        qsl, n = self.query_start_loc, self.num_reqs
+        if len(qsl) != n + 1 or qsl[0] != 0 or qsl[-1] != self.num_tokens:
+            raise ValueError(f"query_start_loc {qsl} does not cover {self.num_tokens} tokens")
+        if self.positions.shape[0] != self.num_tokens or self.slot_mapping.shape[0] != self.num_tokens:
+            raise ValueError("positions / slot_mapping length differs from input_ids")
+        pos = self.positions.tolist()
+        slots = self.slot_mapping.tolist()
+        tables = self.block_tables.tolist()
+        for i in range(n):
+            q = self.query_len(i)
+            if q < 1 or self.seq_lens[i] < q:
+                raise ValueError(f"request {i}: query_len {q}, seq_len {self.seq_lens[i]}")
+            start = self.seq_lens[i] - q
+            for j, t in enumerate(range(qsl[i], qsl[i + 1])):
+                if pos[t] != start + j:
+                    raise ValueError(f"request {i}: position {pos[t]} at row {t}, expected {start + j}")
+                p = pos[t]
+                want = tables[i][p // block_size] * block_size + p % block_size
+                if slots[t] != want:
+                    raise ValueError(f"request {i}: slot {slots[t]} at row {t}, expected {want}")
+
+
+@dataclass
+class KVCache:
+    """Per-layer K and V tensors of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @classmethod
+    def allocate(
+        cls,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> KVCache:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        return cls(
+            k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+        )
+
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.k[0].shape[0])
+
+    @property
+    def block_size(self) -> int:
+        return int(self.k[0].shape[1])
