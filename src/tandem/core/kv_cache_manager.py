@@ -75,15 +75,24 @@ class KVCacheManager:
 
     # -- allocation --------------------------------------------------------------------------------------
     def allocate_slots(
-        self, req: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock] | None = None
+        self,
+        req: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVBlock] | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> bool:
-        """Make room for ``num_new_tokens`` beyond the request's computed tokens (after the hits).
+        """Make room for ``num_new_tokens`` beyond the request's computed tokens (after the hits),
+        plus ``num_lookahead_tokens`` a drafter will write past them (never beyond max_model_len).
 
         Returns False, changing nothing, when the pool cannot supply the blocks.
         """
         hits = new_computed_blocks or []
         held = self._blocks.get(req.request_id, [])
         total = req.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
+        if num_lookahead_tokens:
+            total += num_lookahead_tokens
+            if req.max_model_len is not None:
+                total = min(total, max(req.max_model_len, req.num_computed_tokens + num_new_tokens))
         need = self.blocks_needed(total) - len(held) - len(hits)
         # Hit blocks that sit unused in the free queue leave it when we take them.
         revived = sum(1 for b in hits if b.ref_cnt == 0)

@@ -48,6 +48,7 @@ class Scheduler:
         block_size: int,
         enable_prefix_caching: bool = True,
         num_speculative_tokens: int = 0,
+        num_lookahead_tokens: int = 0,
     ) -> None:
         if max_model_len > num_kv_blocks * block_size:
             raise ValueError(
@@ -59,6 +60,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.num_spec_tokens = num_speculative_tokens
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.kv = KVCacheManager(num_kv_blocks, block_size, enable_prefix_caching)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -134,7 +136,9 @@ class Scheduler:
                 i += 1
                 continue
             blocks_before[req.request_id] = len(req.block_ids)
-            while not self.kv.allocate_slots(req, n_new):
+            while not self.kv.allocate_slots(
+                req, n_new, num_lookahead_tokens=self.num_lookahead_tokens
+            ):
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted_now = True
@@ -153,9 +157,13 @@ class Scheduler:
             if len(self.running) >= self.max_num_seqs:
                 break
             req = self.waiting[0]
-            hits, num_hit = self.kv.get_computed_blocks(req)
+            # Prompt logprobs need every prompt position computed: no prefix-cache hits then.
+            if req.sampling_params.prompt_logprobs is None:
+                hits, num_hit = self.kv.get_computed_blocks(req)
+            else:
+                hits, num_hit = [], 0
             n_new = min(req.num_tokens - num_hit, budget)
-            if not self.kv.allocate_slots(req, n_new, hits):
+            if not self.kv.allocate_slots(req, n_new, hits, self.num_lookahead_tokens):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
             req.num_computed_tokens = num_hit

@@ -1,0 +1,22 @@
+"""Executors: where and how the model runner executes a step (see ``base.py``)."""
+
+from __future__ import annotations
+
+from tandem.executor.base import Executor, ExecutorError
+
+
+def executor_classes() -> dict[str, type[Executor]]:
+    from tandem.executor.multiproc import MultiprocExecutor
+    from tandem.executor.uniproc import InlineExecutor, UniProcExecutor
+
+    return {cls.name: cls for cls in (UniProcExecutor, MultiprocExecutor, InlineExecutor)}
+
+
+def get_executor_class(name: str) -> type[Executor]:
+    classes = executor_classes()
+    if name not in classes:
+        raise ValueError(f"unknown executor_backend {name!r}; choose one of {sorted(classes)}")
+    return classes[name]
+
+
+__all__ = ["Executor", "ExecutorError", "executor_classes", "get_executor_class"]

@@ -1,0 +1,1 @@
+"""The engine: core loop, offline LLM API, output processing, detokenization."""

@@ -1,0 +1,176 @@
+"""From an ``EngineConfig`` to a running engine: size the KV cache, resolve async, build the pieces.
+
+``plan_engine`` does everything that needs no weights (it reads only the model's metadata), so
+``tandem config`` can print the async decision without loading a model; ``build_engine`` adds the
+weights, the runner and the executor.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from tandem.async_decision import (
+    AsyncCapability,
+    AsyncReason,
+    AsyncSchedulingDecision,
+    resolve_async_scheduling,
+)
+from tandem.config import EngineConfig
+from tandem.core.async_scheduler import AsyncScheduler
+from tandem.core.scheduler import Scheduler
+from tandem.engine.core import EngineCore
+from tandem.executor import get_executor_class
+from tandem.model.forward_batch import KVCache
+from tandem.model.loader import Checkpoint, load_checkpoint, load_tokenizer
+from tandem.model.loader.model_info import load_model_args
+from tandem.model.loader.tokenizer import Tokenizer
+from tandem.model.model_args import ModelArgs
+from tandem.spec_decode.factory import get_proposer_class
+from tandem.trace.tracer import NULL_TRACER, Tracer
+from tandem.worker.worker import WorkerSpec, build_runner
+
+logger = logging.getLogger("tandem.engine")
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    config: EngineConfig
+    args: ModelArgs
+    decision: AsyncSchedulingDecision
+    num_kv_blocks: int
+    max_model_len: int
+    bytes_per_block: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "model": self.config.model.model,
+            "dtype": self.config.model.resolved_dtype(),
+            "device": self.config.model.device,
+            "executor_backend": self.config.parallel.executor_backend,
+            "speculative_config": (
+                None if self.config.speculative is None else self.config.speculative.__dict__
+            ),
+            "async_scheduling": self.decision.as_dict(),
+            "num_kv_blocks": self.num_kv_blocks,
+            "block_size": self.config.cache.block_size,
+            "kv_cache_bytes": self.num_kv_blocks * self.bytes_per_block,
+            "max_model_len": self.max_model_len,
+        }
+
+
+def async_capabilities(config: EngineConfig) -> list[AsyncCapability]:
+    """Every component's own declaration, in the resolver's check order."""
+    caps = [get_executor_class(config.parallel.executor_backend).async_capability()]
+    caps.append(
+        AsyncCapability(
+            kind="pipeline_parallel",
+            name=f"pipeline_parallel_size={config.parallel.pipeline_parallel_size}",
+            supported=config.parallel.pipeline_parallel_size == 1,
+            reason=AsyncReason.PIPELINE_PARALLEL,
+            fix="set pipeline_parallel_size to 1",
+        )
+    )
+    if config.speculative is not None:
+        caps.append(get_proposer_class(config.speculative.method).async_capability())
+    return caps
+
+
+def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool = True) -> EnginePlan:
+    if config.parallel.pipeline_parallel_size != 1 and config.scheduler.async_scheduling is not True:
+        raise ValueError("pipeline_parallel_size > 1 is not supported by tandem")
+    decision = resolve_async_scheduling(
+        config.scheduler.async_scheduling, async_capabilities(config), log=log
+    )
+    args = args or load_model_args(config.model.model)
+    from tandem.worker.worker import DTYPES
+
+    bpb = KVCache.bytes_per_block(
+        args.num_hidden_layers,
+        config.cache.block_size,
+        args.num_key_value_heads,
+        args.head_dim,
+        DTYPES[config.model.resolved_dtype()],
+    )
+    num_blocks = config.cache.num_blocks_for(bpb)
+    capacity = num_blocks * config.cache.block_size
+    model_len = args.max_position_embeddings
+    if config.model.max_model_len is not None:
+        if config.model.max_model_len > model_len:
+            raise ValueError(
+                f"max_model_len ({config.model.max_model_len}) exceeds the model's context length "
+                f"({model_len})"
+            )
+        if config.model.max_model_len > capacity:
+            raise ValueError(
+                f"max_model_len ({config.model.max_model_len}) is larger than the KV cache can hold "
+                f"({num_blocks} blocks x {config.cache.block_size} = {capacity} tokens); raise "
+                "kv_cache_memory / num_kv_blocks or lower max_model_len"
+            )
+        max_model_len = config.model.max_model_len
+    else:
+        max_model_len = min(model_len, capacity)
+    return EnginePlan(config, args, decision, num_blocks, max_model_len, bpb)
+
+
+@dataclass
+class Engine:
+    plan: EnginePlan
+    core: EngineCore
+    tokenizer: Tokenizer
+    tracer: Tracer
+    checkpoint_sha256: str | None = None
+
+
+def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
+    backend = config.parallel.executor_backend
+    executor_cls = get_executor_class(backend)  # unknown name: ValueError before any loading
+    if config.speculative is not None:
+        get_proposer_class(config.speculative.method)
+    ckpt: Checkpoint | None = None
+    if backend == "mp":
+        tokenizer = load_tokenizer(config.model.model)
+        plan = plan_engine(config)
+    else:
+        from tandem.worker.worker import DTYPES
+
+        ckpt = load_checkpoint(config.model.model, DTYPES[config.model.resolved_dtype()])
+        tokenizer = ckpt.tokenizer
+        plan = plan_engine(config, ckpt.args)
+    logger.info(plan.decision.log_line())
+    eos = frozenset(plan.args.eos_token_ids) | tokenizer.eos_token_ids
+    spec = WorkerSpec(
+        config=config,
+        async_scheduling=plan.decision.resolved,
+        num_kv_blocks=plan.num_kv_blocks,
+        max_model_len=plan.max_model_len,
+        eos_token_ids=eos,
+        trace=tracer.enabled,
+    )
+    if backend == "mp":
+        executor = executor_cls(spec, tracer=tracer)
+    else:
+        executor = executor_cls(build_runner(spec, ckpt, tracer=tracer))
+    k = config.speculative.num_speculative_tokens if config.speculative else 0
+    lookahead = 0
+    if config.speculative is not None and get_proposer_class(config.speculative.method).needs_lookahead_slots:
+        lookahead = k
+    scheduler_cls = AsyncScheduler if plan.decision.resolved else Scheduler
+    scheduler = scheduler_cls(
+        max_num_seqs=config.scheduler.max_num_seqs,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_model_len=plan.max_model_len,
+        num_kv_blocks=plan.num_kv_blocks,
+        block_size=config.cache.block_size,
+        enable_prefix_caching=config.cache.enable_prefix_caching,
+        num_speculative_tokens=k,
+        num_lookahead_tokens=lookahead,
+    )
+    core = EngineCore(
+        scheduler,
+        executor,
+        async_scheduling=plan.decision.resolved,
+        debug_invariants=config.observability.debug_invariants,
+        tracer=tracer,
+    )
+    return Engine(plan, core, tokenizer, tracer)

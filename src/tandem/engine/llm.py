@@ -1,0 +1,268 @@
+"""The offline API, shaped like vLLM's ``LLM``: construct once, ``generate`` / ``chat`` many times."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tandem.async_decision import AsyncSchedulingDecision
+from tandem.config import (
+    DEFAULT_MODEL,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ObservabilityConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
+from tandem.core.request import Request, RequestStatus
+from tandem.engine.builder import Engine, build_engine
+from tandem.engine.metrics import Metric, collect_metrics
+from tandem.engine.output_processor import FrontRequest, OutputProcessor
+from tandem.engine.prompts import Prompt, PromptInput, normalize_prompts
+from tandem.executor.base import ExecutorError
+from tandem.outputs import RequestOutput
+from tandem.sampling_params import SamplingParams
+from tandem.trace.tracer import NULL_TRACER, Tracer
+
+_LLM_ARGS = (
+    "tokenizer dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
+    "enable_prefix_caching num_kv_blocks kv_cache_memory async_scheduling executor_backend "
+    "speculative_config worker_threads debug_invariants trace_file tensor_parallel_size"
+).split()
+
+
+class EngineDeadError(RuntimeError):
+    """The worker failed; requests in flight were failed and the engine must be rebuilt."""
+
+
+def config_from_kwargs(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
+    """Engine flags (vLLM names) to an ``EngineConfig``; unknown names are an error."""
+    unknown = sorted(set(kw) - set(_LLM_ARGS))
+    if unknown:
+        raise ValueError(f"unknown engine argument(s) {unknown}")
+    debug = kw.get("debug_invariants")
+    if debug is None:
+        debug = os.environ.get("TANDEM_DEBUG_INVARIANTS", "") not in ("", "0", "false")
+    sched_defaults = SchedulerConfig()
+    cache_defaults = CacheConfig()
+    return EngineConfig(
+        model=ModelConfig(
+            model=model,
+            dtype=kw.get("dtype") or "auto",
+            max_model_len=kw.get("max_model_len"),
+            seed=kw.get("seed") if kw.get("seed") is not None else 0,
+            device=kw.get("device") or "cpu",
+        ),
+        cache=CacheConfig(
+            block_size=kw.get("block_size") or cache_defaults.block_size,
+            num_kv_blocks=kw.get("num_kv_blocks"),
+            kv_cache_memory=kw.get("kv_cache_memory"),
+            enable_prefix_caching=kw.get("enable_prefix_caching", True),
+        ),
+        scheduler=SchedulerConfig(
+            max_num_seqs=kw.get("max_num_seqs") or sched_defaults.max_num_seqs,
+            max_num_batched_tokens=(
+                kw.get("max_num_batched_tokens") or sched_defaults.max_num_batched_tokens
+            ),
+            async_scheduling=kw.get("async_scheduling"),
+        ),
+        parallel=ParallelConfig(
+            executor_backend=kw.get("executor_backend") or "uni",
+            tensor_parallel_size=kw.get("tensor_parallel_size") or 1,
+            worker_threads=kw.get("worker_threads"),
+        ),
+        speculative=SpeculativeConfig.from_any(kw.get("speculative_config")),
+        observability=ObservabilityConfig(debug_invariants=debug, trace_file=kw.get("trace_file")),
+    )
+
+
+class LLM:
+    def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
+        self.config = config_from_kwargs(model, **kwargs)
+        tracer: Tracer = Tracer() if self.config.observability.trace_file else NULL_TRACER
+        self._engine: Engine = build_engine(self.config, tracer)
+        self.tokenizer = self._engine.tokenizer
+        self._out = OutputProcessor(self.tokenizer)
+        self._rng = random.Random(self.config.model.seed)
+        self._next_id = 0
+
+    # -- read-back -------------------------------------------------------------------------------------
+    @property
+    def async_scheduling(self) -> AsyncSchedulingDecision:
+        return self._engine.plan.decision
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def max_model_len(self) -> int:
+        return self._engine.plan.max_model_len
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def get_metrics(self) -> list[Metric]:
+        return collect_metrics(self._engine)
+
+    def spec_decode_stats(self) -> dict[str, object]:
+        return self._engine.core.scheduler.counters.spec.as_dict()
+
+    def reset_spec_decode_stats(self) -> None:
+        from tandem.core.stats import SpecDecodingStats
+
+        self._engine.core.scheduler.counters.spec = SpecDecodingStats()
+
+    # -- requests --------------------------------------------------------------------------------------
+    def _make_requests(
+        self, prompts: list[Prompt], params: list[SamplingParams]
+    ) -> list[tuple[Request, Prompt, int, str]]:
+        """Validate everything before anything enters the engine."""
+        vocab = self._engine.plan.args.vocab_size
+        max_len = self._engine.plan.max_model_len
+        eos = self.tokenizer.eos_token_ids | frozenset(self._engine.plan.args.eos_token_ids)
+        made = []
+        for prompt, sp in zip(prompts, params):
+            sp.check_vocab(vocab)
+            ids = prompt.token_ids(self.tokenizer)
+            if not ids:
+                raise ValueError("prompt is empty")
+            if any(not 0 <= t < vocab for t in ids):
+                raise ValueError(f"prompt_token_ids must lie in [0, {vocab})")
+            if len(ids) >= max_len:
+                raise ValueError(
+                    f"prompt is {len(ids)} tokens, longer than max_model_len - 1 ({max_len - 1}; "
+                    f"max_model_len is bounded by the model and by the KV cache's "
+                    f"{self._engine.plan.num_kv_blocks} blocks)"
+                )
+            parent = f"{self._next_id}"
+            self._next_id += 1
+            for i in range(sp.n):
+                child = sp if sp.n == 1 else sp.clone(n=1, seed=None if sp.seed is None else sp.seed + i)
+                rid = parent if sp.n == 1 else f"{parent}-{i}"
+                req = Request(
+                    rid, ids, child, eos_token_ids=eos, seed=self._rng.getrandbits(63),
+                    max_model_len=max_len,
+                )
+                made.append((req, prompt, i, parent))
+        return made
+
+    def generate(
+        self,
+        prompts: PromptInput,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        plist = normalize_prompts(prompts)
+        if sampling_params is None:
+            params = [SamplingParams()] * len(plist)
+        elif isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(plist)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(plist):
+                raise ValueError(
+                    f"got {len(params)} sampling_params for {len(plist)} prompts"
+                )
+        made = self._make_requests(plist, params)
+        core = self._engine.core
+        now = time.monotonic()
+        for req, prompt, index, _ in made:
+            req.arrival_time = now
+            self._out.add_request(
+                req.request_id, prompt.text, req.prompt_token_ids, req.sampling_params, now, index
+            )
+            core.add_request(req)
+        done: dict[str, FrontRequest] = {}
+        bar = _progress(len(made), use_tqdm)
+        try:
+            while len(done) < len(made):
+                outs = core.step()
+                changed, stopped = self._out.process(outs)
+                if stopped:
+                    core.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+                for fr in changed:
+                    if fr.finished and fr.req_id not in done:
+                        done[fr.req_id] = fr
+                        self._out.pop(fr.req_id)
+                        if bar is not None:
+                            bar.update(1)
+                if core.failed is not None:
+                    raise EngineDeadError(f"the engine failed: {core.failed}")
+        except ExecutorError as exc:
+            raise EngineDeadError(str(exc)) from exc
+        finally:
+            if bar is not None:
+                bar.close()
+        self._flush_trace()
+        return self._group(made, done)
+
+    def _group(
+        self, made: list[tuple[Request, Prompt, int, str]], done: dict[str, FrontRequest]
+    ) -> list[RequestOutput]:
+        grouped: dict[str, RequestOutput] = {}
+        for req, prompt, _index, parent in made:
+            fr = done[req.request_id]
+            out = grouped.get(parent)
+            if out is None:
+                out = grouped[parent] = RequestOutput(
+                    request_id=parent,
+                    prompt=prompt.text,
+                    prompt_token_ids=list(req.prompt_token_ids),
+                    prompt_logprobs=fr.prompt_logprobs,
+                    outputs=[],
+                    finished=True,
+                    metrics=fr.metrics,
+                    num_cached_tokens=fr.num_cached_tokens,
+                )
+            out.outputs.append(fr.completion())
+        return list(grouped.values())
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = []
+        for conv in conversations:
+            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)  # type: ignore[arg-type]
+            prompts.append({"prompt": text, "add_special_tokens": False})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)  # type: ignore[arg-type]
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def _flush_trace(self) -> None:
+        path = self.config.observability.trace_file
+        if path and self._engine.tracer.enabled:
+            self._engine.tracer.save(path)
+
+    def shutdown(self) -> None:
+        if getattr(self, "_engine", None) is not None:
+            self._engine.core.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", unit="req", dynamic_ncols=True)

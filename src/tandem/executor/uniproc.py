@@ -1,0 +1,48 @@
+"""``uni``: the runner lives in the engine process and executes on one worker thread.
+
+The engine thread submits step N+1 while the worker thread runs step N; torch releases the GIL inside its
+kernels, so scheduling (pure Python) overlaps the forward pass. Steps run strictly in submission order.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
+from tandem.executor.base import Executor
+from tandem.worker.model_runner import ModelRunner
+
+
+class UniProcExecutor(Executor):
+    name = "uni"
+    SUPPORTS_ASYNC_SCHEDULING = True
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-worker")
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        return self._pool.submit(self.runner.execute_model, scheduler_output)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class InlineExecutor(Executor):
+    """Runs each step on the calling thread before returning. It cannot overlap anything, so it
+    declares no async support: selecting it shows the async contract at work."""
+
+    name = "inline"
+    SUPPORTS_ASYNC_SCHEDULING = False
+    ASYNC_FIX = "use executor_backend 'uni' or 'mp' (the inline executor runs each step to completion)"
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        fut: Future[ModelRunnerOutput] = Future()
+        try:
+            fut.set_result(self.runner.execute_model(scheduler_output))
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut

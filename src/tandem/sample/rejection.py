@@ -1,0 +1,235 @@
+"""Exact speculative verification: the rejection sampler of Leviathan et al. (2023) and
+Chen et al. (2023).
+
+Names follow the papers: ``p`` is the target distribution, ``q`` the draft distribution, ``d`` the
+draft tokens. For one request with drafts d_1..d_k and target distributions p_1..p_{k+1} (p_i's
+context holds d_1..d_{i-1}):
+
+- greedy: accept d_i while d_i == argmax p_i; at the first mismatch emit argmax p_i (the *recovered*
+  token); when every draft is accepted emit argmax p_{k+1} (the *bonus* token);
+- random: accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection emit the
+  recovered token drawn from normalise(max(p_i - q_i, 0)); when every draft is accepted draw the
+  bonus token from p_{k+1}. Without draft probabilities, q_i is the one-hot on d_i (an n-gram
+  proposer "samples" d_i with certainty), so d_i is accepted with probability p_i(d_i) and the
+  recovered token comes from p_i with d_i removed.
+
+Each emitted token then follows the target distribution exactly, whatever q is, provided each d_i
+was drawn from q_i (or, without draft probabilities, chosen without looking at p).
+
+Corner cases, decided here:
+
+- p_i(d_i) = 0: never accepted (the target could not have produced it).
+- q_i(d_i) = 0 with p_i(d_i) > 0: the drafter proposed a token it says it could not produce, so its
+  q is not the distribution it sampled from and the ratio is meaningless; the draft is rejected and
+  the recovered token is drawn from the residual as usual. This is conservative: it costs
+  acceptance, never correctness of a token drawn from p (under a consistent q this event has
+  probability zero).
+- residual all zero (p_i <= q_i everywhere, i.e. p_i == q_i up to rounding; then acceptance was
+  certain in exact arithmetic): the recovered token is drawn from p_i.
+- ragged drafts: -1 marks "no draft"; only the prefix before the first -1 counts. A request with
+  k_valid drafts emits between 1 and k_valid + 1 tokens; the bonus comes from p_{k_valid+1}. With no
+  draft at all the output is one token from p_1, drawn exactly like
+  :class:`~tandem.sample.sampler.Sampler` draws it.
+- target rows must be normalised (the acceptance ratio needs true probabilities); the recovered /
+  bonus draw uses an exponential race, which does not need normalising.
+
+Randomness: per random row, ``V`` exponentials for the final token first, then ``K`` uniforms for
+the acceptance tests, from that row's generator (``rng.py`` documents the keying); rows without a
+generator share one batched draw from the default generator. Greedy rows consume nothing that
+matters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate
+from typing import NamedTuple
+
+import torch
+
+from tandem.sample.metadata import SamplingMetadata, to_device
+from tandem.sample.rng import exponential_noise, make_generator, race_sample, uniform_noise
+from tandem.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
+
+PLACEHOLDER = -1
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generators: Sequence[torch.Generator | None] | None,
+    greedy_mask: torch.Tensor,
+) -> torch.Tensor:
+    """Verify drafts against the target; returns ``[B, K+1]`` int64 output ids padded with -1.
+
+    ``target_probs`` [B, K+1, V] (processed, normalised), ``draft_token_ids`` [B, K] int64 (-1
+    suffix = no draft), ``draft_probs`` [B, K, V] or None (one-hot drafts), ``generators`` one per
+    row or None (all from the default generator), ``greedy_mask`` [B] bool. Row b's output is its
+    accepted drafts followed by one recovered or bonus token. Draft ids must be below V; that is not
+    checked, as checking would synchronise with the device.
+    """
+    return _rejection_sample(
+        target_probs, draft_token_ids, draft_probs, generators, greedy_mask, any_random=True
+    )
+
+
+def num_accepted(output_token_ids: torch.Tensor) -> torch.Tensor:
+    """Accepted drafts per row [B] of a :func:`rejection_sample` output (emitted tokens - 1)."""
+    return (output_token_ids != PLACEHOLDER).sum(dim=1) - 1
+
+
+def _rejection_sample(
+    p: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    generators: Sequence[torch.Generator | None] | None,
+    greedy_mask: torch.Tensor,
+    *,
+    any_random: bool,
+) -> torch.Tensor:
+    batch, k = _check(p, draft, q, generators, greedy_mask)
+    vocab, device = p.shape[2], p.device
+    # [B, K]: the prefix before the first -1 (anything after it is ignored)
+    valid = (draft >= 0).to(torch.int64).cumprod(dim=1).bool()
+    d = torch.where(valid, draft, 0)
+    p_argmax = p.argmax(dim=-1)  # [B, K+1]
+    accept = valid & (d == p_argmax[:, :k])  # the greedy rule
+    if any_random:
+        gens = list(generators) if generators is not None else [None] * batch
+        noise = exponential_noise(batch, vocab, gens, device)  # drawn first: see the module doc
+        u = uniform_noise(batch, k, gens, device)
+        p_d = p[:, :k].gather(2, d.unsqueeze(2)).squeeze(2)  # [B, K]
+        q_d = torch.ones_like(p_d) if q is None else q.gather(2, d.unsqueeze(2)).squeeze(2)
+        # accept with probability min(1, p/q), written without dividing; q(d) = 0 never accepts.
+        accept_random = valid & (q_d > 0) & ((p_d >= q_d) | (u * q_d < p_d))
+        accept = torch.where(greedy_mask.unsqueeze(1), accept, accept_random)
+    accepted = accept.to(torch.int64).cumprod(dim=1).bool()  # only a prefix of acceptances counts
+    n_accepted = accepted.sum(dim=1)  # [B]; the final token goes to slot n_accepted
+    rows = torch.arange(batch, device=device)
+    final = p_argmax[rows, n_accepted]  # greedy: recovered at the first mismatch, else bonus
+    if any_random:
+        p_final = p[rows, n_accepted]  # [B, V]
+        dist = p_final  # bonus: all valid drafts accepted
+        if k > 0:
+            rejected = n_accepted < valid.sum(dim=1)
+            slot = n_accepted.clamp_max(k - 1)
+            if q is None:
+                q_final = torch.zeros_like(p_final).scatter_(1, d[rows, slot].unsqueeze(1), 1.0)
+            else:
+                q_final = q[rows, slot]
+            residual = (p_final - q_final).clamp_min(0.0)
+            residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p_final)
+            dist = torch.where(rejected.unsqueeze(1), residual, p_final)
+        final = torch.where(greedy_mask, final, race_sample(dist, noise))
+    out = torch.full((batch, k + 1), PLACEHOLDER, dtype=torch.int64, device=device)
+    out[:, :k] = torch.where(accepted, d, PLACEHOLDER)
+    out[rows, n_accepted] = final
+    return out
+
+
+def _check(
+    p: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    generators: Sequence[torch.Generator | None] | None,
+    greedy_mask: torch.Tensor,
+) -> tuple[int, int]:
+    if p.dim() != 3:
+        raise ValueError(f"target_probs must be [B, K+1, V], got shape {tuple(p.shape)}")
+    batch, k = p.shape[0], p.shape[1] - 1
+    if k < 0:
+        raise ValueError("target_probs needs at least one position")
+    if tuple(draft.shape) != (batch, k) or draft.dtype != torch.int64:
+        raise ValueError(
+            f"draft_token_ids must be int64 of shape ({batch}, {k}), "
+            f"got {draft.dtype} {tuple(draft.shape)}"
+        )
+    if q is not None and tuple(q.shape) != (batch, k, p.shape[2]):
+        raise ValueError(
+            f"draft_probs must have shape ({batch}, {k}, {p.shape[2]}), got {tuple(q.shape)}"
+        )
+    if generators is not None and len(generators) != batch:
+        raise ValueError(f"generators: expected {batch} entries, got {len(generators)}")
+    if tuple(greedy_mask.shape) != (batch,) or greedy_mask.dtype != torch.bool:
+        raise ValueError(f"greedy_mask must be bool of shape ({batch},)")
+    return batch, k
+
+
+class RejectionOutput(NamedTuple):
+    output_token_ids: torch.Tensor  # [B, K+1] int64, -1 padded
+    # Raw logprobs per verify row (the rows of the logits): row start_b + j describes
+    # output_token_ids[b, j]; rows past a request's emitted tokens describe padding and are to be
+    # ignored.
+    logprobs: LogprobsTensors | None
+
+
+class RejectionSampler:
+    """Glue from verify-row logits to :func:`rejection_sample`.
+
+    Request b owns ``num_draft_tokens[b] + 1`` consecutive rows of ``logits`` and of the metadata
+    (built with one :class:`~tandem.sample.metadata.RowSpec` per verify row). Its target
+    distributions come from :meth:`Sampler.compute_probs`, its greedy flag from its first row, and
+    its generator is the position-keyed generator of its first verify row (seed, position of the
+    first token it can emit).
+    """
+
+    def __init__(self, sampler: Sampler | None = None) -> None:
+        self.sampler = sampler if sampler is not None else Sampler()
+
+    def forward(
+        self,
+        logits: torch.Tensor,
+        meta: SamplingMetadata,
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: Sequence[int],
+        draft_probs: torch.Tensor | None = None,
+    ) -> RejectionOutput:
+        """``logits`` [R, V] with R = sum(k_b + 1); ``draft_token_ids`` [B, K] with K >= max k_b
+        (slots at or past k_b are ignored); ``draft_probs`` [B, K, V] or None."""
+        batch = len(num_draft_tokens)
+        if draft_token_ids.dim() != 2 or draft_token_ids.shape[0] != batch:
+            raise ValueError(
+                f"draft_token_ids must be [{batch}, K], got {tuple(draft_token_ids.shape)}"
+            )
+        width = draft_token_ids.shape[1]
+        if any(n < 0 or n > width for n in num_draft_tokens):
+            raise ValueError(
+                f"num_draft_tokens must lie in [0, {width}], got {list(num_draft_tokens)}"
+            )
+        if sum(num_draft_tokens) + batch != meta.num_rows:
+            raise ValueError(
+                f"{meta.num_rows} verify rows do not match num_draft_tokens "
+                f"(need {sum(num_draft_tokens) + batch})"
+            )
+        device = logits.device
+        starts = list(accumulate((n + 1 for n in num_draft_tokens), initial=0))[:-1]
+        num_drafts = to_device(list(num_draft_tokens), torch.int64, device).unsqueeze(1)
+        slots = torch.arange(width + 1, device=device)
+        # Slot j of request b reads row start_b + min(j, k_b): slots past the bonus repeat it.
+        index = to_device(starts, torch.int64, device).unsqueeze(1) + torch.minimum(
+            slots, num_drafts
+        )
+        target_probs = self.sampler.compute_probs(logits, meta)[index]  # [B, K+1, V]
+        drafts = torch.where(slots[:width] < num_drafts, draft_token_ids.long(), PLACEHOLDER)
+        greedy = [meta.is_greedy[s] for s in starts]
+        generators = [
+            None if g else make_generator(meta.generator_keys[s], device)
+            for g, s in zip(greedy, starts)
+        ]
+        greedy_mask = to_device(greedy, torch.bool, device)
+        out = _rejection_sample(
+            target_probs, drafts, draft_probs, generators, greedy_mask, any_random=not all(greedy)
+        )
+        logprobs = None
+        if meta.max_num_logprobs is not None:
+            request_of_row = [b for b, n in enumerate(num_draft_tokens) for _ in range(n + 1)]
+            slot_of_row = [j for n in num_draft_tokens for j in range(n + 1)]
+            row_ids = out[
+                to_device(request_of_row, torch.int64, device),
+                to_device(slot_of_row, torch.int64, device),
+            ]
+            logprobs = compute_logprobs(logits, row_ids, meta.max_num_logprobs)
+        return RejectionOutput(out, logprobs)
+
+    __call__ = forward

@@ -1,0 +1,34 @@
+"""Name -> proposer class, and building a proposer for a target model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.config import SpeculativeConfig
+from tandem.spec_decode.proposer import Proposer
+
+
+def proposer_classes() -> dict[str, type[Proposer]]:
+    from tandem.spec_decode.ngram import NgramProposer
+
+    classes: dict[str, type[Proposer]] = {NgramProposer.method: NgramProposer}
+    try:
+        from tandem.spec_decode.draft_model import DraftModelProposer
+
+        classes[DraftModelProposer.method] = DraftModelProposer
+    except ImportError:  # pragma: no cover - while a method is being built
+        pass
+    return classes
+
+
+def get_proposer_class(method: str) -> type[Proposer]:
+    classes = proposer_classes()
+    if method not in classes:
+        raise ValueError(
+            f"speculative method {method!r} is not available; choose one of {sorted(classes)}"
+        )
+    return classes[method]
+
+
+def build_proposer(config: SpeculativeConfig, **kwargs: Any) -> Proposer:
+    return get_proposer_class(config.method).build(config, **kwargs)  # type: ignore[attr-defined]

