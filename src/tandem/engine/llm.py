@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tandem.async_decision import AsyncSchedulingDecision
@@ -170,6 +170,49 @@ class LLM:
                     f"got {len(params)} sampling_params for {len(plist)} prompts"
                 )
         made = self._make_requests(plist, params)
+        self._add(made)
+        done: dict[str, FrontRequest] = {}
+        bar = _progress(len(made), use_tqdm)
+        try:
+            while len(done) < len(made):
+                for fr in self._pump():
+                    if fr.finished and fr.req_id not in done:
+                        done[fr.req_id] = fr
+                        self._out.pop(fr.req_id)
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        self._flush_trace()
+        return self._group(made, done)
+
+    def generate_stream(
+        self, prompt: PromptInput, sampling_params: SamplingParams | None = None
+    ) -> Iterator[str]:
+        """Yield text deltas of one request as the engine produces them."""
+        params = sampling_params or SamplingParams()
+        if params.n != 1:
+            raise ValueError("generate_stream supports n=1 only")
+        made = self._make_requests(normalize_prompts(prompt)[:1], [params])
+        self._add(made)
+        rid = made[0][0].request_id
+        fr = self._out.requests[rid]
+        try:
+            while not fr.finished:
+                self._pump()
+                delta, _ = fr.take_delta()
+                if delta:
+                    yield delta
+        finally:
+            if not fr.finished:
+                self._engine.core.abort_requests([rid])
+            self._out.pop(rid)
+        delta, _ = fr.take_delta()
+        if delta:
+            yield delta
+
+    def _add(self, made: list[tuple[Request, Prompt, int, str]]) -> None:
         core = self._engine.core
         now = time.monotonic()
         for req, prompt, index, _ in made:
@@ -178,29 +221,20 @@ class LLM:
                 req.request_id, prompt.text, req.prompt_token_ids, req.sampling_params, now, index
             )
             core.add_request(req)
-        done: dict[str, FrontRequest] = {}
-        bar = _progress(len(made), use_tqdm)
+
+    def _pump(self) -> list[FrontRequest]:
+        """One engine step: apply its outputs, finish what stop strings ended."""
+        core = self._engine.core
         try:
-            while len(done) < len(made):
-                outs = core.step()
-                changed, stopped = self._out.process(outs)
-                if stopped:
-                    core.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-                for fr in changed:
-                    if fr.finished and fr.req_id not in done:
-                        done[fr.req_id] = fr
-                        self._out.pop(fr.req_id)
-                        if bar is not None:
-                            bar.update(1)
-                if core.failed is not None:
-                    raise EngineDeadError(f"the engine failed: {core.failed}")
+            outs = core.step()
         except ExecutorError as exc:
             raise EngineDeadError(str(exc)) from exc
-        finally:
-            if bar is not None:
-                bar.close()
-        self._flush_trace()
-        return self._group(made, done)
+        changed, stopped = self._out.process(outs)
+        if stopped:
+            core.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        if core.failed is not None and not changed:
+            raise EngineDeadError(f"the engine failed: {core.failed}")
+        return changed
 
     def _group(
         self, made: list[tuple[Request, Prompt, int, str]], done: dict[str, FrontRequest]

@@ -1,4 +1,4 @@
-"""``mp``: the runner lives in a worker process; typed messages over a pipe.
+"""``mp``: the runner lives in a worker process; typed messages over a private Unix socket.
 
 The engine sends ``Execute`` messages in step order and gets ``Result`` / ``StepFailed`` back in the same
 order; a reader thread resolves the futures. If the worker dies (crash, kill, OOM), the reader sees the
@@ -8,82 +8,22 @@ the affected requests and shuts down cleanly instead of hanging.
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import secrets
+import subprocess
+import sys
 import threading
-import traceback
+import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, Listener
 
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
 from tandem.executor.base import Executor, ExecutorError
-from tandem.trace.tracer import NULL_TRACER, Span, Tracer
+from tandem.executor.mp_worker import Execute, Result, Shutdown, StartFailed, StepFailed
+from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.worker import WorkerSpec
 
 START_TIMEOUT_S = 600.0
-
-
-# -- messages ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Execute:
-    scheduler_output: SchedulerOutput
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    pass
-
-
-@dataclass(frozen=True)
-class Ready:
-    pid: int
-
-
-@dataclass(frozen=True)
-class StartFailed:
-    error: str
-
-
-@dataclass(frozen=True)
-class Result:
-    output: ModelRunnerOutput
-    spans: list[Span] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class StepFailed:
-    error: str
-
-
-def _worker_main(spec: WorkerSpec, conn: Connection, threads: int | None) -> None:
-    import torch
-
-    from tandem.worker.worker import build_runner
-
-    if threads:
-        torch.set_num_threads(threads)
-    tracer = Tracer("tandem-worker") if spec.trace else NULL_TRACER
-    try:
-        runner = build_runner(spec, tracer=tracer)
-    except BaseException as exc:  # report, then exit
-        conn.send(StartFailed(f"{exc!r}\n{traceback.format_exc()}"))
-        return
-    conn.send(Ready(mp.current_process().pid or 0))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return  # the engine went away
-        if isinstance(msg, Shutdown):
-            return
-        if isinstance(msg, Execute):
-            try:
-                out = runner.execute_model(msg.scheduler_output)
-            except Exception as exc:
-                conn.send(StepFailed(f"{exc!r}\n{traceback.format_exc()}"))
-                continue
-            conn.send(Result(out, tracer.take() if spec.trace else []))
 
 
 class MultiprocExecutor(Executor):
@@ -91,33 +31,52 @@ class MultiprocExecutor(Executor):
     SUPPORTS_ASYNC_SCHEDULING = True
 
     def __init__(self, spec: WorkerSpec, tracer: Tracer = NULL_TRACER) -> None:
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
+        # A fresh interpreter (not fork: torch's thread pools do not survive it; not multiprocessing's
+        # spawn: it re-imports the user's __main__), connected over a private Unix socket whose
+        # address the OS picks, authenticated with a random key.
         self.tracer = tracer
-        self.process = ctx.Process(
-            target=_worker_main,
-            args=(spec, child, spec.config.parallel.worker_threads),
-            name="tandem-worker",
-            daemon=True,
+        authkey = secrets.token_bytes(32)
+        self._listener = Listener(family="AF_UNIX", authkey=authkey)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tandem.executor.mp_worker", str(self._listener.address)],
+            stdin=subprocess.PIPE,
+            text=True,
         )
-        self.process.start()
-        child.close()
+        assert self.process.stdin is not None
+        self.process.stdin.write(authkey.hex() + "\n")
+        self.process.stdin.close()
         self._pending: deque[Future[ModelRunnerOutput]] = deque()
         self._lock = threading.Lock()
         self._dead: str | None = None
         self._closing = False
-        if not self._conn.poll(START_TIMEOUT_S):
-            self.shutdown()
-            raise ExecutorError("worker process did not start in time")
-        try:
-            first = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            raise ExecutorError(f"worker process exited at start-up ({self.process.exitcode})") from exc
-        if isinstance(first, StartFailed):
-            self.process.join(5)
-            raise ExecutorError(f"worker process failed to start: {first.error}")
+        self._conn = self._accept(spec)
         self._reader = threading.Thread(target=self._read_loop, name="tandem-mp-reader", daemon=True)
         self._reader.start()
+
+    def _accept(self, spec: WorkerSpec) -> Connection:
+        done: list[Connection] = []
+        accepter = threading.Thread(target=lambda: done.append(self._listener.accept()), daemon=True)
+        accepter.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while accepter.is_alive():
+            accepter.join(0.2)
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                self._listener.close()
+                raise ExecutorError(
+                    f"worker process did not connect (exit code {self.process.poll()})"
+                )
+        self._listener.close()
+        conn = done[0]
+        conn.send(spec)
+        while not conn.poll(0.2):
+            if self.process.poll() is not None:
+                raise ExecutorError(f"worker process exited at start-up ({self.process.returncode})")
+        first = conn.recv()
+        if isinstance(first, StartFailed):
+            self.process.wait(5)
+            raise ExecutorError(f"worker process failed to start: {first.error}")
+        return conn
 
     def _read_loop(self) -> None:
         while True:
@@ -134,10 +93,13 @@ class MultiprocExecutor(Executor):
                 fut.set_result(msg.output)
             elif isinstance(msg, StepFailed):
                 fut.set_exception(ExecutorError(f"worker step failed: {msg.error}"))
-        self.process.join(1.0)
+        try:
+            self.process.wait(1.0)
+        except subprocess.TimeoutExpired:
+            pass
         reason = (
             "worker process shut down" if self._closing
-            else f"worker process died (exit code {self.process.exitcode})"
+            else f"worker process died (exit code {self.process.poll()})"
         )
         with self._lock:
             self._dead = reason
@@ -162,21 +124,23 @@ class MultiprocExecutor(Executor):
         return fut
 
     def check_health(self) -> None:
-        if self._dead is not None or not self.process.is_alive():
-            raise ExecutorError(self._dead or f"worker process died ({self.process.exitcode})")
+        if self._dead is not None or self.process.poll() is not None:
+            raise ExecutorError(self._dead or f"worker process died ({self.process.poll()})")
 
     def shutdown(self) -> None:
         self._closing = True
-        if self.process.is_alive():
+        if self.process.poll() is None:
             try:
                 self._conn.send(Shutdown())
             except (BrokenPipeError, OSError):
                 pass
-            self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
         try:
             self._conn.close()
         except OSError:
             pass
+

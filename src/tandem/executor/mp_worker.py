@@ -1,0 +1,97 @@
+"""The ``mp`` worker process: typed messages and the serve loop.
+
+Started by :class:`~tandem.executor.multiproc.MultiprocExecutor` as
+``python -m tandem.executor.mp_worker ADDRESS`` with the connection's auth key on stdin.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Connection
+
+from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
+from tandem.trace.tracer import NULL_TRACER, Span, Tracer
+from tandem.worker.worker import WorkerSpec
+
+
+# -- messages ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Execute:
+    scheduler_output: SchedulerOutput
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True)
+class Ready:
+    pid: int
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class Result:
+    output: ModelRunnerOutput
+    spans: list[Span] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    error: str
+
+
+def _serve(spec: WorkerSpec, conn: Connection) -> None:
+    """The worker process's loop: build the runner, then execute steps until told to stop."""
+    import torch
+
+    from tandem.worker.worker import build_runner
+
+    if spec.config.parallel.worker_threads:
+        torch.set_num_threads(spec.config.parallel.worker_threads)
+    tracer = Tracer("tandem-worker") if spec.trace else NULL_TRACER
+    try:
+        runner = build_runner(spec, tracer=tracer)
+    except BaseException as exc:  # report, then exit
+        conn.send(StartFailed(f"{exc!r}\n{traceback.format_exc()}"))
+        return
+    conn.send(Ready(os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return  # the engine went away
+        if isinstance(msg, Shutdown):
+            return
+        if isinstance(msg, Execute):
+            try:
+                out = runner.execute_model(msg.scheduler_output)
+            except Exception as exc:
+                conn.send(StepFailed(f"{exc!r}\n{traceback.format_exc()}"))
+                continue
+            conn.send(Result(out, tracer.take() if spec.trace else []))
+
+
+def main() -> None:
+    address = sys.argv[1]
+    authkey = bytes.fromhex(sys.stdin.readline().strip())
+    conn = Client(address, family="AF_UNIX", authkey=authkey)
+    spec = conn.recv()
+    _serve(spec, conn)
+
+
+
+if __name__ == "__main__":
+    # Re-import under the package name so the message classes pickle as tandem.executor.mp_worker.*,
+    # not as __main__.* (which the engine could not resolve).
+    from tandem.executor import mp_worker
+
+    mp_worker.main()
