@@ -97,7 +97,7 @@ class SpeculativeConfig:
 
     method: str
     num_speculative_tokens: int
-    model: str | None = None  # draft checkpoint (draft_model, eagle, eagle3)
+    model: str | None = None  # draft checkpoint; None: the shipped one for the default model
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     draft_dtype: str | None = None
@@ -124,8 +124,6 @@ class SpeculativeConfig:
                     f"speculative_config.prompt_lookup_min ({lo}) must not exceed "
                     f"prompt_lookup_max ({hi})"
                 )
-        if self.method == "draft_model" and not self.model:
-            raise ValueError("speculative_config.model is required for method 'draft_model'")
         if self.draft_dtype is not None and self.draft_dtype not in _DTYPES:
             raise ValueError(f"speculative_config.draft_dtype must be one of {_DTYPES}")
 

@@ -76,7 +76,8 @@ class ModelArgs:
             )
         if family is None:
             raise ValueError(
-                f"{source}: unsupported architecture {archs or config.get('model_type')!r}; "
+                f"{source}: unsupported architectures={archs!r} "
+                f"(model_type={config.get('model_type')!r}); "
                 f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
             )
 

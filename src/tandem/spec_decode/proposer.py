@@ -11,7 +11,7 @@ Each proposer class declares whether it supports async scheduling; the async dec
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -33,6 +33,9 @@ class ProposeInput:
     # (-1 = final normed output), rows aligned with ``sample_rows``.
     hidden_states: dict[int, torch.Tensor]
     sample_rows: list[list[int]]
+    # Requests that advanced this step without sampling (prefill chunks): drafters with their own KV
+    # catch up on them so a prefix cached later is valid for the draft too.
+    prefill_states: list[RequestState] = field(default_factory=list)
 
 
 class Proposer(ABC):

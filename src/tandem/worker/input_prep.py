@@ -91,6 +91,8 @@ def prepare_inputs(
                 f"{rid}: {non_spec} tokens scheduled from position {start} but only "
                 f"{st.num_tokens} are known to the runner"
             )
+        if start + n > max_model_len:
+            raise RuntimeError(f"{rid}: positions up to {start + n - 1} reach past max_model_len")
         if start + n > len(st.block_ids) * block_size:
             raise RuntimeError(f"{rid}: {len(st.block_ids)} blocks cannot hold {start + n} tokens")
         row0 = len(ids)

@@ -214,7 +214,8 @@ class ModelRunner:
         sampled: list[list[int]],
         out: object,
     ) -> list[list[int]]:
-        if not plans or self.proposer is None:
+        prefill = [p.state for p in step.plans if not p.samples]
+        if self.proposer is None or (not plans and not (prefill and self.proposer.needs_lookahead_slots)):
             return []
         with self.tracer.span("propose", track="device", step=step_id, reqs=len(plans)):
             hidden = {-1: out.hidden_states}  # type: ignore[attr-defined]
@@ -227,6 +228,7 @@ class ModelRunner:
                 batch=step.batch,
                 hidden_states=hidden,
                 sample_rows=[p.sample_rows for p in plans],
+                prefill_states=prefill,
             )
             drafts = self.proposer.propose(inp)
         for p, d in zip(plans, drafts):

@@ -1,0 +1,46 @@
+"""Paged-KV attention backends, chosen by name.
+
+The registry is an immutable mapping from name to factory; a new kernel (a compiled or GPU one) is added
+here and must pass ``tests/model/test_attention.py``, which checks every registered backend against the
+naive reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+import torch
+
+from tandem.model.attention.base import AttentionBackend, slots_for_positions, write_kv
+from tandem.model.attention.naive import NaiveBackend
+from tandem.model.attention.sdpa import SdpaBackend
+
+DEFAULT_ATTENTION_BACKEND = "sdpa"
+
+ATTENTION_BACKENDS: Mapping[str, Callable[[torch.dtype], AttentionBackend]] = MappingProxyType(
+    {"sdpa": SdpaBackend, "naive": NaiveBackend}
+)
+
+
+def create_attention_backend(name: str, dtype: torch.dtype) -> AttentionBackend:
+    """Instantiate the backend registered as ``name`` for activations of ``dtype``."""
+    try:
+        factory = ATTENTION_BACKENDS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown attention backend {name!r}; registered: {sorted(ATTENTION_BACKENDS)}"
+        ) from None
+    return factory(dtype)
+
+
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "DEFAULT_ATTENTION_BACKEND",
+    "AttentionBackend",
+    "NaiveBackend",
+    "SdpaBackend",
+    "create_attention_backend",
+    "slots_for_positions",
+    "write_kv",
+]

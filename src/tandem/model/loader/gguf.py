@@ -1,0 +1,155 @@
+"""Model hyper-parameters and weights from a GGUF file, under Hugging Face names.
+
+Three things differ from a Hugging Face checkpoint and are undone here:
+
+1. Names: llama.cpp's ``blk.N.attn_q.weight`` is HF's ``model.layers.N.self_attn.q_proj.weight``.
+2. Storage: tensors may be block-quantized; they are dequantized to float32 (see ``quants.py``),
+   then cast to the requested dtype.
+3. Row order of ``attn_q`` / ``attn_k`` for the ``llama`` architecture: llama.cpp's converter
+   regroups each head's rows from HF's rotate-half layout (first half of the head dims, then the
+   second half) into interleaved pairs, because its RoPE kernel rotates adjacent elements. A head's
+   row ``r = 2 * j + a`` in the file is HF row ``a * head_dim / 2 + j``. Qwen files are not
+   permuted (llama.cpp runs those with rotate-half RoPE).
+
+A missing ``output.weight`` means the output projection is tied to ``token_embd``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from tandem.model.loader.gguf_file import GGUFFile
+from tandem.model.loader.quants import dequantize
+from tandem.model.loader.tensor_spec import check_tensors
+from tandem.model.model_args import ModelArgs
+
+# general.architecture -> tandem family
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def hf_tensor_name(gguf_name: str, path: object = "GGUF file") -> str:
+    """The Hugging Face name of a llama.cpp tensor; ``ValueError`` if tandem has no use for it."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_RE.fullmatch(gguf_name)
+    if match and match.group(2) in _LAYER_NAMES:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    if gguf_name == "rope_freqs.weight":
+        raise ValueError(
+            f"{path}: tensor 'rope_freqs.weight' (per-frequency RoPE factors, e.g. Llama 3.1 "
+            "rope scaling) is not supported"
+        )
+    raise ValueError(f"{path}: tensor {gguf_name!r} has no Hugging Face equivalent tandem knows")
+
+
+def _rope_scaling(gf: GGUFFile, arch: str) -> dict[str, object] | None:
+    kind = gf.get(f"{arch}.rope.scaling.type")
+    factor = gf.get(f"{arch}.rope.scaling.factor")
+    if kind is None and gf.get(f"{arch}.rope.scale_linear") is not None:  # older files
+        kind, factor = "linear", gf.get(f"{arch}.rope.scale_linear")
+    if kind in (None, "none"):
+        return None
+    if kind not in ("linear", "yarn"):
+        raise ValueError(f"{gf.path}: unsupported {arch}.rope.scaling.type {kind!r}")
+    scaling: dict[str, object] = {"rope_type": kind, "factor": float(factor or 1.0)}
+    original = gf.get(f"{arch}.rope.scaling.original_context_length")
+    if original is not None:
+        scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
+def gguf_model_args(gf: GGUFFile) -> ModelArgs:
+    """``ModelArgs`` from the ``{arch}.*`` metadata and the tensor index of ``gf``."""
+    arch = gf.require("general.architecture")
+    family = GGUF_ARCHITECTURES.get(arch)
+    if family is None:
+        raise ValueError(
+            f"{gf.path}: unsupported general.architecture {arch!r}; supported: "
+            f"{sorted(GGUF_ARCHITECTURES)}"
+        )
+    hidden = int(gf.require(f"{arch}.embedding_length"))
+    heads = int(gf.require(f"{arch}.attention.head_count"))
+    head_dim = int(gf.get(f"{arch}.attention.key_length", hidden // heads))
+    rope_dim = gf.get(f"{arch}.rope.dimension_count")
+    if rope_dim is not None and int(rope_dim) != head_dim:
+        raise ValueError(
+            f"{gf.path}: {arch}.rope.dimension_count = {rope_dim} differs from head_dim "
+            f"{head_dim}; partial rotary embeddings are not supported"
+        )
+    vocab = gf.get(f"{arch}.vocab_size")
+    if vocab is None:
+        embd = gf.tensors.get("token_embd.weight")
+        vocab = embd.shape[0] if embd else len(gf.require("tokenizer.ggml.tokens"))
+    eos_ids = [
+        int(gf.get(f"tokenizer.ggml.{key}"))
+        for key in ("eos_token_id", "eot_token_id", "eom_token_id")
+        if gf.get(f"tokenizer.ggml.{key}") is not None
+    ]
+    bos = gf.get("tokenizer.ggml.bos_token_id")
+    return ModelArgs(
+        family=family,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(gf.require(f"{arch}.feed_forward_length")),
+        num_hidden_layers=int(gf.require(f"{arch}.block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(gf.get(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(gf.require(f"{arch}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(gf.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=_rope_scaling(gf, arch),
+        max_position_embeddings=int(gf.get(f"{arch}.context_length", 2048)),
+        tie_word_embeddings="output.weight" not in gf.tensors,
+        attention_bias="blk.0.attn_q.bias" in gf.tensors,
+        qk_norm=family == "qwen3",
+        bos_token_id=int(bos) if bos is not None else None,
+        eos_token_ids=tuple(dict.fromkeys(eos_ids)),
+    )
+
+
+def unpermute_rows(tensor: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Invert llama.cpp's Q/K row interleaving (see the module docstring); works on weights
+    ``[n_heads * head_dim, in]`` and biases ``[n_heads * head_dim]``."""
+    rows = tensor.shape[0]
+    half = rows // n_heads // 2
+    rest = tensor.shape[1:]
+    return tensor.reshape(n_heads, half, 2, *rest).transpose(1, 2).reshape(rows, *rest)
+
+
+def load_gguf_tensors(gf: GGUFFile, args: ModelArgs, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every weight of ``gf`` under its HF name, dequantized and cast to ``dtype`` (CPU)."""
+    names = {hf_tensor_name(name, gf.path): name for name in gf.tensors}
+    check_tensors({hf: gf.tensors[g].shape for hf, g in names.items()}, args, gf.path)
+    permuted = {"q_proj": args.num_attention_heads, "k_proj": args.num_key_value_heads}
+    out: dict[str, torch.Tensor] = {}
+    for hf, gname in names.items():
+        info = gf.tensors[gname]
+        tensor = dequantize(gf.raw(gname), info.ggml_type, info.shape, gname)
+        module = hf.split(".")[-2]
+        if args.family == "llama" and module in permuted:
+            tensor = unpermute_rows(tensor, permuted[module])
+        out[hf] = tensor.to(dtype).contiguous()
+    return out

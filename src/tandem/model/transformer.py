@@ -1,0 +1,136 @@
+"""The causal language model: embedding, decoder layers over a paged KV cache, final norm, LM head.
+
+One forward consumes a flat :class:`ForwardBatch` (prefill chunks, decodes and verify steps mixed) and
+returns the final hidden states; logits are a separate call so callers project only the rows they sample.
+Per-forward state (RoPE rotations, attention metadata) is built once at the top of :meth:`forward` and
+passed down explicitly; the module itself holds only weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tandem.model.attention import (
+    DEFAULT_ATTENTION_BACKEND,
+    AttentionBackend,
+    create_attention_backend,
+)
+from tandem.model.forward_batch import ForwardBatch, KVCache
+from tandem.model.layers import DecoderLayer, LayerContext, unit_rms
+from tandem.model.model_args import ModelArgs
+from tandem.model.rope import rope_inv_freq, rotation_table
+from tandem.model.weights import ModelWeights, prepare_weights
+
+
+@dataclass
+class ModelOutput:
+    hidden_states: torch.Tensor  # [T, hidden], after the final norm
+    # Residual stream after each requested layer, in the requested order (before any final norm).
+    aux_hidden_states: list[torch.Tensor] = field(default_factory=list)
+
+
+class CausalLM(nn.Module):
+    """Llama / Qwen2 / Qwen3 decoder-only model. Build with :meth:`from_tensors`."""
+
+    def __init__(self, args: ModelArgs, weights: ModelWeights, backend: AttentionBackend) -> None:
+        super().__init__()
+        self._args = args
+        self.attn_backend = backend
+        self.embed_tokens = nn.Parameter(weights.embed, requires_grad=False)
+        # Tied: the LM head IS the embedding parameter (speculative heads share it by reference).
+        self.lm_head = (
+            self.embed_tokens
+            if weights.lm_head is None
+            else nn.Parameter(weights.lm_head, requires_grad=False)
+        )
+        self.layers = nn.ModuleList(DecoderLayer(args, lw, backend) for lw in weights.layers)
+        self.norm = nn.Parameter(weights.norm, requires_grad=False)
+        inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
+        table = rotation_table(inv_freq, args.max_position_embeddings).to(weights.embed.device)
+        self.register_buffer("rope_table", table, persistent=False)
+
+    @classmethod
+    def from_tensors(
+        cls,
+        args: ModelArgs,
+        tensors: Mapping[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        attn_backend: str | AttentionBackend = DEFAULT_ATTENTION_BACKEND,
+    ) -> CausalLM:
+        """Build from Hugging Face-named tensors; raises ``ValueError`` naming any bad tensor."""
+        if not dtype.is_floating_point:
+            raise ValueError(f"model dtype must be floating point, got {dtype}")
+        backend = (
+            create_attention_backend(attn_backend, dtype)
+            if isinstance(attn_backend, str)
+            else attn_backend
+        )
+        return cls(args, prepare_weights(args, tensors, dtype, device), backend)
+
+    @property
+    def args(self) -> ModelArgs:
+        return self._args
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embed_tokens)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        batch: ForwardBatch,
+        kv_cache: KVCache,
+        aux_hidden_layers: Sequence[int] = (),
+    ) -> ModelOutput:
+        self._check_cache(kv_cache)
+        for i in aux_hidden_layers:
+            if not 0 <= i < self.num_layers:
+                raise ValueError(f"aux_hidden_layers index {i} outside [0, {self.num_layers})")
+        batch.attn_metadata = self.attn_backend.build_metadata(batch, kv_cache.block_size)
+        ctx = LayerContext(self.rope_table[batch.positions].unsqueeze(1), batch.attn_metadata)
+        x = self.embed(batch.input_ids)
+        captured: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, ctx, kv_cache.k[i], kv_cache.v[i])
+            if i in aux_hidden_layers:
+                captured[i] = x
+        hidden = unit_rms(x, self._args.rms_norm_eps) * self.norm
+        return ModelOutput(hidden, [captured[i] for i in aux_hidden_layers])
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, hidden]`` -> float32 logits ``[N, vocab]``."""
+        return F.linear(hidden, self.lm_head).float()
+
+    def _check_cache(self, kv_cache: KVCache) -> None:
+        args = self._args
+        if len(kv_cache.k) != self.num_layers or len(kv_cache.v) != self.num_layers:
+            raise ValueError(
+                f"kv_cache has {len(kv_cache.k)} K / {len(kv_cache.v)} V layers, "
+                f"model has {self.num_layers}"
+            )
+        tail = tuple(kv_cache.k[0].shape[2:])
+        if tail != (args.num_key_value_heads, args.head_dim):
+            raise ValueError(
+                f"kv_cache.k[0] has shape {tuple(kv_cache.k[0].shape)}; expected "
+                f"[blocks, block_size, {args.num_key_value_heads}, {args.head_dim}]"
+            )
+        if kv_cache.k[0].dtype != self.dtype:
+            raise ValueError(f"kv_cache dtype {kv_cache.k[0].dtype} differs from model {self.dtype}")

@@ -1,0 +1,170 @@
+"""From a checkpoint's Hugging Face-named tensors to the transformer's fused, load-time-transformed weights.
+
+Checked here, once: every expected tensor is present with the expected shape, nothing unknown is left over
+(a typo'd or foreign tensor is an error that names it). Transformed here, once:
+- q, k and v projections are concatenated into one ``qkv`` matrix (one matmul per layer instead of three);
+- gate and up projections into one ``gate_up`` matrix;
+- q/k rows (and their bias and per-head norm weights) are permuted to interleaved RoPE pairs (see rope.py);
+- each RMSNorm gain that feeds a projection (input and post-attention norms) is multiplied into that
+  projection's input columns, together with ``sqrt(hidden)``, so the layer only computes
+  ``x / sqrt(sum(x^2) + hidden * eps)`` (see :func:`tandem.model.layers.unit_rms`). The final norm keeps its
+  own gain, so ``hidden_states`` are exactly the checkpoint's normalised states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from tandem.model.model_args import ModelArgs
+from tandem.model.rope import interleave_heads
+
+# Tensors some checkpoints carry that the model recomputes and never reads.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden], input-norm gain folded in
+    qkv_bias: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim]: q_norm per q head, k_norm per k head
+    o_proj: torch.Tensor  # [hidden, heads * head_dim]
+    o_bias: torch.Tensor | None
+    gate_up: torch.Tensor  # [2 * intermediate, hidden], post-attention-norm gain folded in
+    down: torch.Tensor  # [hidden, intermediate]
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: tuple[LayerWeights, ...]
+    norm: torch.Tensor  # [hidden], final norm gain times sqrt(hidden)
+    lm_head: torch.Tensor | None  # None when tied to ``embed``
+
+
+def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every tensor name the model reads, with its shape. Optional biases are listed separately."""
+    h, hd, inter = args.hidden_size, args.head_dim, args.intermediate_size
+    q_out, kv_out = args.num_attention_heads * hd, args.num_key_value_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (args.vocab_size, h),
+        "model.norm.weight": (h,),
+    }
+    if not args.tie_word_embeddings:
+        shapes["lm_head.weight"] = (args.vocab_size, h)
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q_out, h),
+                p + "self_attn.k_proj.weight": (kv_out, h),
+                p + "self_attn.v_proj.weight": (kv_out, h),
+                p + "self_attn.o_proj.weight": (h, q_out),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+            }
+        )
+        if args.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (q_out,)
+            shapes[p + "self_attn.k_proj.bias"] = (kv_out,)
+            shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
+        if args.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (hd,)
+            shapes[p + "self_attn.k_norm.weight"] = (hd,)
+    return shapes
+
+
+def _optional_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Tensors a checkpoint may or may not have: o_proj bias (Llama with ``attention_bias``), a tied
+    checkpoint's redundant ``lm_head.weight`` (ignored)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for i in range(args.num_hidden_layers):
+        out[f"model.layers.{i}.self_attn.o_proj.bias"] = (args.hidden_size,)
+    if args.tie_word_embeddings:
+        out["lm_head.weight"] = (args.vocab_size, args.hidden_size)
+    return out
+
+
+def validate(args: ModelArgs, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` naming the first missing, misshapen or unexpected tensor."""
+    required = expected_shapes(args)
+    optional = _optional_shapes(args)
+    for name, shape in required.items():
+        if name not in tensors:
+            raise ValueError(f"checkpoint is missing tensor {name!r} (expected shape {shape})")
+    for name, tensor in tensors.items():
+        shape = required.get(name, optional.get(name))
+        if shape is None:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            raise ValueError(f"checkpoint has unexpected tensor {name!r} for a {args.family} model")
+        if tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape} from the config"
+            )
+        if not tensor.is_floating_point():
+            raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}, expected a floating type")
+
+
+def prepare_weights(
+    args: ModelArgs,
+    tensors: Mapping[str, torch.Tensor],
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> ModelWeights:
+    """Validate, fuse, permute and fold in float32, then convert to ``dtype`` on ``device`` (so each
+    weight is rounded once). Returns contiguous tensors."""
+    validate(args, tensors)
+    heads, kv_heads, hd = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+
+    def get(name: str) -> torch.Tensor:
+        return tensors[name].to(device=device, dtype=torch.float32)
+
+    def out(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype).contiguous()
+
+    def gain(name: str) -> torch.Tensor:
+        """A norm gain times sqrt(hidden) (see ``unit_rms``)."""
+        return get(name) * args.hidden_size**0.5
+
+    layers = []
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        q = interleave_heads(get(a + "q_proj.weight"), heads, hd)
+        k = interleave_heads(get(a + "k_proj.weight"), kv_heads, hd)
+        qkv = torch.cat([q, k, get(a + "v_proj.weight")]) * gain(p + "input_layernorm.weight")
+        gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+        qkv_bias = qk_norm = o_bias = None
+        if args.attention_bias:
+            qb = interleave_heads(get(a + "q_proj.bias"), heads, hd)
+            kb = interleave_heads(get(a + "k_proj.bias"), kv_heads, hd)
+            qkv_bias = out(torch.cat([qb, kb, get(a + "v_proj.bias")]))
+        if args.qk_norm:
+            qn = interleave_heads(get(a + "q_norm.weight"), 1, hd)
+            kn = interleave_heads(get(a + "k_norm.weight"), 1, hd)
+            qk_norm = out(torch.cat([qn.expand(heads, hd), kn.expand(kv_heads, hd)]))
+        if a + "o_proj.bias" in tensors:
+            o_bias = out(get(a + "o_proj.bias"))
+        layers.append(
+            LayerWeights(
+                qkv=out(qkv),
+                qkv_bias=qkv_bias,
+                qk_norm=qk_norm,
+                o_proj=out(get(a + "o_proj.weight")),
+                o_bias=o_bias,
+                gate_up=out(gate_up * gain(p + "post_attention_layernorm.weight")),
+                down=out(get(p + "mlp.down_proj.weight")),
+            )
+        )
+    return ModelWeights(
+        embed=out(get("model.embed_tokens.weight")),
+        layers=tuple(layers),
+        norm=out(gain("model.norm.weight")),
+        lm_head=None if args.tie_word_embeddings else out(get("lm_head.weight")),
+    )

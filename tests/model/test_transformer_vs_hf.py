@@ -1,0 +1,236 @@
+"""tandem's transformer against Hugging Face transformers on tiny random checkpoints.
+
+Each checkpoint is built by transformers with a fixed seed (every weight re-drawn so norms and biases are
+not the trivial 1/0 of a fresh init), loaded into tandem from its ``state_dict``, and run through the paged
+KV cache with scattered block ids. One forward mixes every kind of query: a prefill chunk after cached
+context, fresh prefills (long and short), short multi-token queries after context (a verify step) and
+decodes of different lengths, including a one-token prompt. Each request's rows are compared with
+transformers run on that request's whole sequence.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from tandem.model import CausalLM, KVCache, ModelArgs
+from tandem.model.paged_batch import PagedRequest, build_forward_batch
+
+VOCAB = 300
+
+
+def _config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
+    common: dict[str, Any] = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+    )
+    common.update(overrides)
+    cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }[family]
+    return cls(**common)
+
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "rope_theta": 500000.0,
+}
+
+CONFIGS = {
+    "llama-tied": lambda: _config("llama", tie_word_embeddings=True, rope_theta=10000.0),
+    "llama3-rope-untied": lambda: _config(
+        "llama", tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE
+    ),
+    "qwen2-bias": lambda: _config("qwen2", tie_word_embeddings=True, rope_theta=1e6),
+    "qwen3-qknorm": lambda: _config("qwen3", tie_word_embeddings=False, head_dim=32),
+}
+
+
+def args_from_hf(config: transformers.PretrainedConfig) -> ModelArgs:
+    """``ModelArgs`` from a live config; transformers 5 nests RoPE settings in ``rope_parameters``."""
+    d = config.to_dict()
+    rope = d.get("rope_parameters") or {}
+    if "rope_theta" in rope:
+        d.setdefault("rope_theta", rope["rope_theta"])
+    if rope.get("rope_type", "default") != "default":
+        d["rope_scaling"] = rope
+    return ModelArgs.from_hf_config(d)
+
+
+def build_hf(name: str) -> transformers.PreTrainedModel:
+    torch.manual_seed(1234)
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[name](), dtype=torch.float32)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif pname.endswith("bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * p.shape[-1] ** -0.5)
+    return model.eval()
+
+
+@dataclass
+class Req:
+    tokens: list[int]
+    blocks: list[int]
+    cached: int = 0
+
+
+class Scenario:
+    """Requests with scattered blocks and the bookkeeping to feed them step by step."""
+
+    def __init__(self, lengths: dict[str, int], block_size: int, seed: int = 7) -> None:
+        rng = random.Random(seed)
+        self.block_size = block_size
+        need = sum(-(-n // block_size) for n in lengths.values())
+        pool = list(range(need + 5))
+        rng.shuffle(pool)
+        self.reqs: dict[str, Req] = {}
+        for name, n in lengths.items():
+            nb = -(-n // block_size)
+            blocks, pool = pool[:nb], pool[nb:]
+            self.reqs[name] = Req([rng.randrange(VOCAB) for _ in range(n)], blocks)
+        self.num_blocks = need + 5
+
+    def step(self, plan: list[tuple[str, int]]) -> tuple[Any, list[tuple[str, int, int]]]:
+        """Feed ``n`` more tokens of each named request; returns the batch and (name, start, end) rows."""
+        paged, spans = [], []
+        for name, n in plan:
+            r = self.reqs[name]
+            paged.append(PagedRequest(r.tokens[r.cached : r.cached + n], r.cached, r.blocks))
+            spans.append((name, r.cached, r.cached + n))
+            r.cached += n
+        return build_forward_batch(paged, self.block_size), spans
+
+
+LENGTHS = {"A": 25, "B": 20, "C": 10, "D": 17, "E": 33, "F": 1, "G": 11, "H": 6}
+STEP1 = [("A", 5), ("C", 9), ("D", 16), ("E", 32), ("G", 7)]
+# Decodes (C, D, E, F), a long chunk after context (A), a long fresh prefill (B), a short query after
+# context (G: a verify of 3 drafts) and a short fresh prefill (H), interleaved.
+STEP2 = [("C", 1), ("A", 20), ("F", 1), ("G", 4), ("D", 1), ("B", 20), ("E", 1), ("H", 6)]
+
+
+def hf_reference(model: Any, tokens: list[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    with torch.no_grad():
+        out = model(torch.tensor([tokens]), output_hidden_states=True)
+    return out.logits[0].float(), tuple(h[0] for h in out.hidden_states)
+
+
+def run_scenario(name: str, dtype: torch.dtype, block_size: int) -> dict[str, Any]:
+    hf = build_hf(name)
+    args = args_from_hf(hf.config)
+    model = CausalLM.from_tensors(args, hf.state_dict(), dtype=dtype, device="cpu")
+    sc = Scenario(LENGTHS, block_size)
+    cache = KVCache.allocate(
+        args.num_hidden_layers, sc.num_blocks, block_size, args.num_key_value_heads,
+        args.head_dim, dtype, "cpu",
+    )
+    aux_layers = list(range(args.num_hidden_layers - 1))
+    results = []
+    for plan in (STEP1, STEP2):
+        batch, spans = sc.step(plan)
+        batch.validate(block_size)
+        out = model(batch, cache, aux_hidden_layers=aux_layers)
+        logits = model.compute_logits(out.hidden_states)
+        results.append((spans, logits, out))
+    refs = {n: hf_reference(hf, r.tokens) for n, r in sc.reqs.items()}
+    return {"results": results, "refs": refs, "model": model, "hf": hf, "args": args}
+
+
+def _compare(run: dict[str, Any], atol: float, check_hidden: bool) -> float:
+    worst = 0.0
+    for spans, logits, out in run["results"]:
+        row = 0
+        for name, start, end in spans:
+            ref_logits, ref_hidden = run["refs"][name]
+            got = logits[row : row + end - start]
+            diff = (got - ref_logits[start:end]).abs().max().item()
+            worst = max(worst, diff)
+            assert diff < atol, f"request {name} rows {start}:{end}: logits differ by {diff}"
+            if check_hidden:
+                for layer, aux in zip(range(len(out.aux_hidden_states)), out.aux_hidden_states):
+                    want = ref_hidden[layer + 1][start:end]
+                    d = (aux[row : row + end - start].float() - want).abs().max().item()
+                    assert d < atol, f"request {name}: aux hidden of layer {layer} differs by {d}"
+                final = out.hidden_states[row : row + end - start].float()
+                d = (final - ref_hidden[-1][start:end]).abs().max().item()
+                assert d < atol, f"request {name}: final hidden state differs by {d}"
+            row += end - start
+    return worst
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fp32_logits_and_hidden_match_transformers(name: str, block_size: int) -> None:
+    run = run_scenario(name, torch.float32, block_size)
+    _compare(run, atol=1e-4, check_hidden=True)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_bf16_is_close_to_transformers_fp32(name: str) -> None:
+    run = run_scenario(name, torch.bfloat16, 4)
+    scale = max(ref[0].abs().max().item() for ref in run["refs"].values())
+    worst = _compare(run, atol=0.05 * scale, check_hidden=False)
+    assert worst < 0.05 * scale
+
+
+def test_pure_decode_batch_matches() -> None:
+    """A batch of decodes only (the contiguous fast path) and a second decode on top of the first."""
+    name, block_size = "llama3-rope-untied", 4
+    hf = build_hf(name)
+    args = args_from_hf(hf.config)
+    model = CausalLM.from_tensors(args, hf.state_dict())
+    sc = Scenario({"P": 9, "Q": 14, "R": 4}, block_size)
+    cache = KVCache.allocate(args.num_hidden_layers, sc.num_blocks, block_size, 2, 16, torch.float32, "cpu")
+    model(sc.step([("P", 7), ("Q", 12), ("R", 2)])[0], cache)
+    for _ in range(2):
+        batch, spans = sc.step([("P", 1), ("Q", 1), ("R", 1)])
+        logits = model.compute_logits(model(batch, cache).hidden_states)
+        for row, (n, start, _) in enumerate(spans):
+            ref = hf_reference(hf, sc.reqs[n].tokens)[0][start]
+            assert (logits[row] - ref).abs().max().item() < 1e-4
+
+
+def test_tied_lm_head_is_the_embedding_parameter() -> None:
+    tied = CausalLM.from_tensors(args_from_hf(build_hf("llama-tied").config), build_hf("llama-tied").state_dict())
+    assert tied.lm_head is tied.embed_tokens
+    untied_hf = build_hf("qwen3-qknorm")
+    untied = CausalLM.from_tensors(args_from_hf(untied_hf.config), untied_hf.state_dict())
+    assert untied.lm_head is not untied.embed_tokens
+    assert untied.num_layers == 3 and untied.dtype == torch.float32
+
+
+def test_bad_checkpoints_name_the_tensor() -> None:
+    hf = build_hf("qwen2-bias")
+    args = args_from_hf(hf.config)
+    tensors = dict(hf.state_dict())
+    missing = {k: v for k, v in tensors.items() if k != "model.layers.1.self_attn.k_proj.bias"}
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_proj\.bias"):
+        CausalLM.from_tensors(args, missing)
+    bad = dict(tensors)
+    bad["model.layers.0.mlp.up_proj.weight"] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight.*shape"):
+        CausalLM.from_tensors(args, bad)
+    extra = dict(tensors)
+    extra["model.layers.0.mlp.extra.weight"] = torch.zeros(3)
+    with pytest.raises(ValueError, match="unexpected tensor 'model.layers.0.mlp.extra.weight'"):
+        CausalLM.from_tensors(args, extra)
