@@ -37,6 +37,7 @@ class EngineCore:
         async_scheduling: bool,
         debug_invariants: bool = False,
         tracer: Tracer = NULL_TRACER,
+        force_sync_before_launch: bool = False,
     ) -> None:
         if async_scheduling and not scheduler.is_async:
             raise ValueError("async scheduling needs an AsyncScheduler")
@@ -45,6 +46,9 @@ class EngineCore:
         self.async_scheduling = async_scheduling
         self.debug_invariants = debug_invariants
         self.tracer = tracer
+        # Diagnostic arm: the async scheduler, but the host waits for every step in flight before it
+        # schedules the next one. Outputs are identical; overlap is gone (the trace analysis shows it).
+        self.force_sync_before_launch = force_sync_before_launch
         self._queue: deque[tuple[SchedulerOutput, Future[ModelRunnerOutput]]] = deque()
         self.failed: BaseException | None = None
 
@@ -105,11 +109,14 @@ class EngineCore:
         return self._update(so, self._wait(so, fut))
 
     def step_async(self) -> list[EngineCoreOutput]:
+        if self.force_sync_before_launch and self._queue:
+            so, fut = self._queue.popleft()
+            return self._update(so, self._wait(so, fut))
         if self.scheduler.has_unfinished_requests() and len(self._queue) < QUEUE_DEPTH:
             so = self._schedule()
             if not so.is_empty:
                 self._queue.append((so, self.executor.execute_model(so)))
-                if len(self._queue) < QUEUE_DEPTH:
+                if len(self._queue) < QUEUE_DEPTH and not self.force_sync_before_launch:
                     return []  # keep the worker fed before waiting on anything
         if not self._queue:
             return []

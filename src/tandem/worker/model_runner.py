@@ -66,6 +66,17 @@ class ModelRunner:
     # -- one step ----------------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        # The "execute" span is the step's device window: the trace analysis measures how much of the
+        # host's scheduling of the next step falls inside it.
+        with self.tracer.span("execute", track="device", step=so.step_id) as span:
+            out = self._execute(so)
+            if out.num_valid_drafts is not None:
+                span.args["drafts"] = sum(out.num_valid_drafts)
+                span.args["accepted"] = sum(max(len(t) - 1, 0) for t in out.sampled_token_ids)
+            span.args["reqs"] = len(out.req_ids)
+        return out
+
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         tr = self.tracer
         with tr.span("prepare_inputs", track="device", step=so.step_id):
             self._update_states(so)
