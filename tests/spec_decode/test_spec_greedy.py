@@ -124,3 +124,36 @@ def test_bad_speculative_configs():
                                 "prompt_lookup_min": 5, "prompt_lookup_max": 2})
     with pytest.raises(ValueError, match="unknown key"):
         LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 3, "bogus": 1})
+
+
+def test_metrics_use_vllm_names_and_reset():
+    llm = LLM(max_num_seqs=4, speculative_config=METHODS["ngram"])
+    outs = llm.generate(list(humaneval_prompts(4)), GREEDY.clone(logprobs=None), use_tqdm=False)
+    metrics = {m.name: m for m in llm.get_metrics()}
+    for name in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens",
+                 "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos"):
+        assert f"tandem:{name}" in metrics
+    stats = llm.spec_decode_stats()
+    assert metrics["tandem:spec_decode_num_drafts"].value == stats["num_drafts"] > 0
+    assert list(metrics["tandem:spec_decode_num_accepted_tokens_per_pos"].values) == stats["accepted_per_pos"]
+    assert stats["mean_acceptance_length"] == 1 + stats["num_accepted_tokens"] / stats["num_drafts"]
+    assert sum(o.outputs[0].spec_decode.num_accepted_tokens for o in outs) == stats["num_accepted_tokens"]
+    assert 0 <= outs[0].spec_decode_acceptance_rate <= 1
+    llm.reset_spec_decode_stats()
+    assert llm.spec_decode_stats()["num_drafts"] == 0
+    llm.shutdown()
+
+
+def test_draft_model_with_another_vocabulary_is_rejected(tmp_path):
+    import transformers
+
+    # A padded vocabulary: loadable, but token ids beyond the target's would be meaningless.
+    cfg = transformers.LlamaConfig(vocab_size=49216, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    from tandem.model.loader import load_tokenizer
+
+    load_tokenizer("smollm2-135m-instruct").backend.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(speculative_config={"method": "draft_model", "num_speculative_tokens": 3,
+                                "model": str(tmp_path)})
