@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -19,11 +18,12 @@ from tandem.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from tandem.core.request import Request, RequestStatus
+from tandem.core.request import RequestStatus
 from tandem.engine.builder import Engine, build_engine
 from tandem.engine.metrics import Metric, collect_metrics
 from tandem.engine.output_processor import FrontRequest, OutputProcessor
 from tandem.engine.prompts import Prompt, PromptInput, normalize_prompts
+from tandem.engine.requests import MadeRequest, RequestFactory
 from tandem.executor.base import ExecutorError
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
@@ -88,8 +88,7 @@ class LLM:
         self._engine: Engine = build_engine(self.config, tracer)
         self.tokenizer = self._engine.tokenizer
         self._out = OutputProcessor(self.tokenizer)
-        self._rng = random.Random(self.config.model.seed)
-        self._next_id = 0
+        self._factory = RequestFactory(self._engine, self.config.model.seed)
 
     # -- read-back -------------------------------------------------------------------------------------
     @property
@@ -121,36 +120,9 @@ class LLM:
     # -- requests --------------------------------------------------------------------------------------
     def _make_requests(
         self, prompts: list[Prompt], params: list[SamplingParams]
-    ) -> list[tuple[Request, Prompt, int, str]]:
+    ) -> list[MadeRequest]:
         """Validate everything before anything enters the engine."""
-        vocab = self._engine.plan.args.vocab_size
-        max_len = self._engine.plan.max_model_len
-        eos = self.tokenizer.eos_token_ids | frozenset(self._engine.plan.args.eos_token_ids)
-        made = []
-        for prompt, sp in zip(prompts, params):
-            sp.check_vocab(vocab)
-            ids = prompt.token_ids(self.tokenizer)
-            if not ids:
-                raise ValueError("prompt is empty")
-            if any(not 0 <= t < vocab for t in ids):
-                raise ValueError(f"prompt_token_ids must lie in [0, {vocab})")
-            if len(ids) >= max_len:
-                raise ValueError(
-                    f"prompt is {len(ids)} tokens, longer than max_model_len - 1 ({max_len - 1}; "
-                    f"max_model_len is bounded by the model and by the KV cache's "
-                    f"{self._engine.plan.num_kv_blocks} blocks)"
-                )
-            parent = f"{self._next_id}"
-            self._next_id += 1
-            for i in range(sp.n):
-                child = sp if sp.n == 1 else sp.clone(n=1, seed=None if sp.seed is None else sp.seed + i)
-                rid = parent if sp.n == 1 else f"{parent}-{i}"
-                req = Request(
-                    rid, ids, child, eos_token_ids=eos, seed=self._rng.getrandbits(63),
-                    max_model_len=max_len,
-                )
-                made.append((req, prompt, i, parent))
-        return made
+        return self._factory.make(prompts, params)
 
     def generate(
         self,
@@ -212,7 +184,7 @@ class LLM:
         if delta:
             yield delta
 
-    def _add(self, made: list[tuple[Request, Prompt, int, str]]) -> None:
+    def _add(self, made: list[MadeRequest]) -> None:
         core = self._engine.core
         now = time.monotonic()
         for req, prompt, index, _ in made:
@@ -237,7 +209,7 @@ class LLM:
         return changed
 
     def _group(
-        self, made: list[tuple[Request, Prompt, int, str]], done: dict[str, FrontRequest]
+        self, made: list[MadeRequest], done: dict[str, FrontRequest]
     ) -> list[RequestOutput]:
         grouped: dict[str, RequestOutput] = {}
         for req, prompt, _index, parent in made:

@@ -1,0 +1,120 @@
+"""Request bodies of the OpenAI-compatible API (pydantic, strict: ``"1"`` is not a number,
+``true`` is not an integer, NaN and infinities are refused).
+
+These models check shapes and types and keep integers within bounds the engine can hold; the range
+rules of each sampling field live in ``SamplingParams`` and its ``ValueError`` becomes a 400 naming
+the field. Unknown fields are ignored, as OpenAI and vLLM do. Names follow vLLM's protocol,
+including its extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
+``stop_token_ids``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 128  # samples per prompt
+MAX_CHOICES = 256  # prompts x n in one request
+_I32 = 2**31 - 1
+
+TokenId = Annotated[int, Field(ge=-_I32, le=_I32)]  # the vocabulary check names the real bound
+SmallInt = Annotated[int, Field(ge=-_I32, le=_I32)]
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+
+
+_PASSED = (
+    "n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "min_tokens",
+    "include_stop_str_in_output", "skip_special_tokens",
+)  # fmt: skip
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class _SamplingRequest(_Strict):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: SmallInt | None = None
+    min_p: float | None = None
+    seed: Int64 | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    min_tokens: SmallInt = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logit_bias: dict[str, Bias] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """The set fields as ``SamplingParams`` keyword arguments (unset: SamplingParams' default)."""
+        kw = {name: getattr(self, name) for name in _PASSED if getattr(self, name) is not None}
+        if self.logit_bias:
+            try:
+                kw["logit_bias"] = {int(k): v for k, v in self.logit_bias.items()}
+            except ValueError as exc:
+                raise ValueError("logit_bias keys must be token ids (integers as strings)") from exc
+        return kw
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: SmallInt | None = 16  # OpenAI's and vLLM's default for completions
+    logprobs: SmallInt | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: SmallInt | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: SmallInt | None = None  # None: up to the context length
+    max_completion_tokens: SmallInt | None = None
+    logprobs: bool = False
+    top_logprobs: SmallInt | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None

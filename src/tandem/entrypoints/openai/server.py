@@ -1,0 +1,124 @@
+"""The FastAPI app: a thin layer over ``AsyncLLM``.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``, ``GET /version``, ``GET /metrics``. With an API key, every ``/v1`` route needs
+``Authorization: Bearer <key>`` (compared in constant time); the operational routes stay open, as in
+vLLM. The check is a plain ASGI middleware so it never touches the body or the disconnect signal.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import tandem
+from tandem.engine.async_llm import AsyncLLM
+from tandem.engine.llm import EngineDeadError
+from tandem.entrypoints.openai.errors import APIError, error_body, install_error_handlers
+from tandem.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from tandem.entrypoints.openai.serving_chat import create_chat_completion
+from tandem.entrypoints.openai.serving_common import ServerContext
+from tandem.entrypoints.openai.serving_completions import create_completion
+from tandem.entrypoints.prom_metrics import CONTENT_TYPE, ServerMetrics
+
+
+class APIKeyMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if hmac.compare_digest(given, self._expected):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps(error_body("missing or invalid API key", 401)).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def build_app(
+    engine: AsyncLLM,
+    served_model_names: list[str] | None = None,
+    api_key: str | None = None,
+) -> FastAPI:
+    model_path = engine.config.model.model
+    ctx = ServerContext(engine, served_model_names or [model_path], model_path)
+    metrics = ServerMetrics(engine, ctx.model_name)
+    app = FastAPI(title="tandem", version=tandem.__version__)
+    app.state.ctx = ctx
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+
+    def alive() -> None:
+        if not engine.healthy:
+            raise APIError(f"the engine is not running: {engine.dead}", 503)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.healthy:
+            return JSONResponse(error_body(f"engine dead: {engine.dead}", 503), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": tandem.__version__}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, object]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": ctx.created,
+                    "owned_by": "tandem",
+                    "root": model_path,
+                    "parent": None,
+                    "max_model_len": engine.max_model_len,
+                }
+                for name in ctx.served_model_names
+            ],
+        }
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        alive()
+        try:
+            return await create_completion(ctx, body, raw)
+        except EngineDeadError as exc:
+            raise APIError(str(exc), 503) from exc
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        alive()
+        try:
+            return await create_chat_completion(ctx, body, raw)
+        except EngineDeadError as exc:
+            raise APIError(str(exc), 503) from exc
+
+    return app

@@ -1,0 +1,192 @@
+"""``POST /v1/chat/completions``: messages through the model's chat template, streamed or whole."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from tandem.engine.async_llm import RequestDelta, RequestStream
+from tandem.engine.prompts import Prompt
+from tandem.entrypoints.openai.errors import APIError
+from tandem.entrypoints.openai.protocol import ChatCompletionRequest
+from tandem.entrypoints.openai.serving_common import (
+    SSE_DONE,
+    Prepared,
+    ServerContext,
+    check_delta,
+    clean_logprob,
+    collect,
+    guarded,
+    new_id,
+    prepare,
+    sse,
+    start,
+    usage,
+)
+
+
+def _render(ctx: ServerContext, req: ChatCompletionRequest) -> Prompt:
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        text = ctx.engine.tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=req.add_generation_prompt,
+            **(req.chat_template_kwargs or {}),
+        )
+    except Exception as exc:  # a template that raises on these messages is the caller's input error
+        raise APIError(f"cannot apply the chat template: {exc}", 400, "messages") from exc
+    # The template already holds the special tokens (BOS, role markers): add none on top.
+    return Prompt(text, None, add_special_tokens=False)
+
+
+def _logprobs_content(ctx: ServerContext, d: RequestDelta, top: int) -> list[dict[str, Any]]:
+    tok = ctx.engine.tokenizer
+    content = []
+    for token_id, entries in zip(d.token_ids, d.logprobs or ()):
+        sampled = entries.get(token_id)
+        alternatives = sorted(
+            (
+                (tid, lp)
+                for tid, lp in entries.items()
+                if lp.rank is not None and 1 <= lp.rank <= top
+            ),
+            key=lambda item: item[1].rank or 0,
+        )
+        content.append(
+            {
+                "token": (sampled.decoded_token if sampled else None) or "",
+                "logprob": clean_logprob(sampled.logprob) if sampled else None,
+                "bytes": list(tok.token_bytes(token_id)),
+                "top_logprobs": [
+                    {
+                        "token": lp.decoded_token or "",
+                        "logprob": clean_logprob(lp.logprob),
+                        "bytes": list(tok.token_bytes(tid)),
+                    }
+                    for tid, lp in alternatives
+                ],
+            }
+        )
+    return content
+
+
+async def create_chat_completion(
+    ctx: ServerContext, req: ChatCompletionRequest, raw: Request
+) -> Response:
+    model = ctx.check_model(req.model)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError("top_logprobs needs logprobs=true", 400, "top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    max_tokens = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
+    prepared = prepare(ctx, req, [_render(ctx, req)], max_tokens, logprobs, "messages")
+    rid = new_id("chatcmpl")
+    stream = start(ctx, prepared, rid)
+    if req.stream:
+        body = guarded(stream, _stream(ctx, req, prepared, stream, rid, model))
+        return StreamingResponse(
+            body, media_type="text/event-stream", background=BackgroundTask(stream.close)
+        )
+    deltas = await collect(raw, stream)
+    if deltas is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(_full(ctx, req, prepared, deltas, rid, model))
+
+
+def _full(
+    ctx: ServerContext,
+    req: ChatCompletionRequest,
+    prepared: Prepared,
+    deltas: list[RequestDelta],
+    rid: str,
+    model: str,
+) -> dict[str, Any]:
+    texts = [""] * req.n
+    contents: list[list[dict[str, Any]]] = [[] for _ in range(req.n)]
+    final: list[RequestDelta | None] = [None] * req.n
+    for d in deltas:
+        check_delta(d)
+        texts[d.index] += d.text
+        if req.logprobs:
+            contents[d.index].extend(_logprobs_content(ctx, d, req.top_logprobs or 0))
+        if d.finish_reason is not None:
+            final[d.index] = d
+    choices = []
+    for i in range(req.n):
+        last = final[i]
+        choices.append(
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": texts[i]},
+                "logprobs": {"content": contents[i]} if req.logprobs else None,
+                "finish_reason": last.finish_reason if last else None,
+                "stop_reason": last.stop_reason if last else None,
+            }
+        )
+    completion = sum(d.num_output_tokens for d in final if d is not None)
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": ctx.created,
+        "model": model,
+        "choices": choices,
+        "usage": usage(prepared.num_prompt_tokens, completion),
+    }
+
+
+async def _stream(
+    ctx: ServerContext,
+    req: ChatCompletionRequest,
+    prepared: Prepared,
+    stream: RequestStream,
+    rid: str,
+    model: str,
+) -> AsyncIterator[str]:
+    head = {"id": rid, "object": "chat.completion.chunk", "created": ctx.created, "model": model}
+    produced = [0] * req.n
+
+    def chunk(choice: dict[str, Any]) -> str:
+        body: dict[str, Any] = {**head, "choices": [choice]}
+        if req.include_usage:
+            body["usage"] = (
+                usage(prepared.num_prompt_tokens, sum(produced)) if req.continuous_usage else None
+            )
+        return sse(body)
+
+    for i in range(req.n):  # OpenAI's first chunk per choice carries the role
+        yield chunk(
+            {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        )
+    async for d in stream.deltas():
+        check_delta(d)
+        produced[d.index] = d.num_output_tokens
+        if not d.text and d.finish_reason is None and not req.logprobs:
+            continue  # text held back (a possible stop string): nothing to send yet
+        choice: dict[str, Any] = {
+            "index": d.index,
+            "delta": {"content": d.text} if d.text else {},
+            "logprobs": (
+                {"content": _logprobs_content(ctx, d, req.top_logprobs or 0)}
+                if req.logprobs
+                else None
+            ),
+            "finish_reason": d.finish_reason,
+        }
+        if d.finish_reason is not None:
+            choice["stop_reason"] = d.stop_reason
+        yield chunk(choice)
+    if req.include_usage:
+        yield sse(
+            {**head, "choices": [], "usage": usage(prepared.num_prompt_tokens, sum(produced))}
+        )
+    yield SSE_DONE

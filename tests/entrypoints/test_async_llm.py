@@ -1,0 +1,117 @@
+"""``AsyncLLM`` without HTTP: outputs equal the offline ``LLM``'s, n > 1 fans out, closing a stream
+aborts its requests and frees their blocks at once, invalid input fails before anything is queued,
+and a worker failure fails every live request and marks the engine dead."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Future
+
+import pytest
+
+from tandem import LLM, SamplingParams
+from tandem.engine.async_llm import AsyncLLM
+from tandem.engine.llm import EngineDeadError
+from tandem.engine.prompts import Prompt
+
+pytestmark = pytest.mark.slow
+
+KW = {"max_num_seqs": 8, "max_model_len": 512, "num_kv_blocks": 128}
+PROMPTS = ["def add(a, b):", "The capital of France is"]
+
+
+@pytest.fixture(scope="module")
+def engine() -> AsyncLLM:
+    eng = AsyncLLM("smollm2-135m-instruct", **KW)
+    yield eng
+    eng.shutdown()
+
+
+def _wait_idle(eng: AsyncLLM, timeout: float = 10.0) -> None:
+    sched = eng.engine.core.scheduler
+    deadline = time.monotonic() + timeout
+    while sched.requests or not sched.kv.all_free():
+        assert time.monotonic() < deadline, "requests or blocks left behind"
+        time.sleep(0.02)
+
+
+async def _collect(eng: AsyncLLM, prompts: list[str], sp: SamplingParams, rid: str) -> dict:
+    texts: dict[int, str] = {}
+    tokens: dict[int, list[int]] = {}
+    async for d in eng.generate([Prompt(p, None) for p in prompts], [sp] * len(prompts), rid):
+        texts[d.index] = texts.get(d.index, "") + d.text
+        tokens.setdefault(d.index, []).extend(d.token_ids)
+    return {"texts": texts, "tokens": tokens}
+
+
+def test_matches_offline_llm(engine):
+    sp = SamplingParams(temperature=0.8, seed=11, max_tokens=12, n=2)
+    got = asyncio.run(_collect(engine, PROMPTS, sp, "a"))
+    llm = LLM(**KW)
+    want = llm.generate(PROMPTS, sp, use_tqdm=False)
+    llm.shutdown()
+    for j, out in enumerate(want):
+        for c in out.outputs:
+            assert got["tokens"][j * 2 + c.index] == c.token_ids
+            assert got["texts"][j * 2 + c.index] == c.text
+    _wait_idle(engine)
+
+
+def test_close_aborts_and_frees(engine):
+    async def leave_early() -> None:
+        stream = engine.add_request(
+            [Prompt(PROMPTS[0], None)], [SamplingParams(max_tokens=400, ignore_eos=True)], "b"
+        )
+        async for _ in stream.deltas():
+            break  # the consumer leaves after the first delta
+
+    asyncio.run(leave_early())
+    t0 = time.monotonic()
+    _wait_idle(engine)
+    assert time.monotonic() - t0 < 5
+
+
+def test_invalid_input_is_refused_before_queueing(engine):
+    async def bad() -> None:
+        with pytest.raises(ValueError, match="prompt"):
+            engine.add_request([Prompt("x " * 600, None)], [SamplingParams()], "c")
+        with pytest.raises(ValueError, match="vocabulary"):
+            engine.add_request([Prompt("x", None)], [SamplingParams(stop_token_ids=[10**7])], "d")
+
+    asyncio.run(bad())
+    assert not engine.engine.core.scheduler.requests
+
+
+def test_worker_failure_marks_engine_dead():
+    eng = AsyncLLM("smollm2-135m-instruct", **KW)
+    try:
+
+        def broken(so):
+            fut: Future = Future()
+            fut.set_exception(RuntimeError("worker died"))
+            return fut
+
+        eng.engine.core.executor.execute_model = broken  # type: ignore[method-assign]
+
+        async def run() -> list:
+            return [
+                d.finish_reason
+                async for d in eng.generate([Prompt("hi", None)], [SamplingParams()], "e")
+            ]
+
+        assert asyncio.run(asyncio.wait_for(run(), 30)) == ["error"]
+        deadline = time.monotonic() + 10
+        while eng.healthy:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert "worker died" in (eng.dead or "")
+        assert not eng.engine.core.scheduler.requests
+
+        async def refused() -> None:
+            with pytest.raises(EngineDeadError):
+                eng.add_request([Prompt("hi", None)], [SamplingParams()], "f")
+
+        asyncio.run(refused())
+    finally:
+        eng.shutdown()
