@@ -107,7 +107,9 @@ def run_case(
     want = torch.cat(reference(queries, full_k, full_v, scale))
     written_k = k_cache.view(-1, kv_heads, head_dim)[batch.slot_mapping]
     written_v = v_cache.view(-1, kv_heads, head_dim)[batch.slot_mapping]
-    assert torch.equal(written_k, k) and torch.equal(written_v, v), "K/V not written at slot_mapping"
+    assert torch.equal(written_k, k) and torch.equal(written_v, v), (
+        "K/V not written at slot_mapping"
+    )
     return out, want
 
 

@@ -34,7 +34,8 @@ TIE_MARGIN = 1e-3
 @dataclass
 class Greedy:
     ids: list[list[int]]  # generated ids per prompt
-    logits: list[torch.Tensor]  # [NEW_TOKENS, vocab] float32 per prompt: the logits each id came from
+    # Per prompt, [NEW_TOKENS, vocab] float32: the logits each generated id was taken from.
+    logits: list[torch.Tensor]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -102,8 +103,13 @@ def tandem_greedy(checkpoint: Any, prompts: list[list[int]]) -> Greedy:
         tables.append(pool[:n])
         pool = pool[n:]
     cache = KVCache.allocate(
-        args.num_hidden_layers, sum(need), BLOCK_SIZE, args.num_key_value_heads, args.head_dim,
-        torch.float32, "cpu",
+        args.num_hidden_layers,
+        sum(need),
+        BLOCK_SIZE,
+        args.num_key_value_heads,
+        args.head_dim,
+        torch.float32,
+        "cpu",
     )
     reqs = [PagedRequest(p, 0, t) for p, t in zip(prompts, tables)]
     cached = [0] * len(prompts)
@@ -130,7 +136,9 @@ def test_first_step_logits_match(hf_greedy: Greedy, tandem_greedy: Greedy) -> No
         assert diff < LOGITS_ATOL, f"prompt {i}: first-step logits differ by {diff}"
 
 
-def test_greedy_ids_match_or_diverge_at_a_near_tie(hf_greedy: Greedy, tandem_greedy: Greedy) -> None:
+def test_greedy_ids_match_or_diverge_at_a_near_tie(
+    hf_greedy: Greedy, tandem_greedy: Greedy
+) -> None:
     """32 greedy tokens through the paged cache equal transformers' ids; a divergence is allowed only
     where transformers' top-2 margin is below 1e-3 (then the continuations legitimately differ). Up to
     the divergence the two sides see the same prefix, so their decode logits must also agree."""

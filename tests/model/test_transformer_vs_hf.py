@@ -18,23 +18,24 @@ import pytest
 import torch
 import transformers
 
-from tandem.model import CausalLM, KVCache, ModelArgs
+from tandem.model import CausalLM, KVCache, ModelArgs, ModelOutput
+from tandem.model.linear import LINEAR_KERNELS
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
 
 VOCAB = 300
 
 
 def _config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
-    common: dict[str, Any] = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rms_norm_eps=1e-6,
-    )
+    common: dict[str, Any] = {
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-6,
+    }
     common.update(overrides)
     cls = {
         "llama": transformers.LlamaConfig,
@@ -111,7 +112,9 @@ class Scenario:
             self.reqs[name] = Req([rng.randrange(VOCAB) for _ in range(n)], blocks)
         self.num_blocks = need + 5
 
-    def step(self, plan: list[tuple[str, int]]) -> tuple[Any, list[tuple[str, int, int]]]:
+    def step(
+        self, plan: list[tuple[str, int]], device: str = "cpu"
+    ) -> tuple[Any, list[tuple[str, int, int]]]:
         """Feed ``n`` more tokens of each named request; returns the batch and (name, start, end) rows."""
         paged, spans = [], []
         for name, n in plan:
@@ -119,7 +122,7 @@ class Scenario:
             paged.append(PagedRequest(r.tokens[r.cached : r.cached + n], r.cached, r.blocks))
             spans.append((name, r.cached, r.cached + n))
             r.cached += n
-        return build_forward_batch(paged, self.block_size), spans
+        return build_forward_batch(paged, self.block_size, device), spans
 
 
 LENGTHS = {"A": 25, "B": 20, "C": 10, "D": 17, "E": 33, "F": 1, "G": 11, "H": 6}
@@ -129,29 +132,40 @@ STEP1 = [("A", 5), ("C", 9), ("D", 16), ("E", 32), ("G", 7)]
 STEP2 = [("C", 1), ("A", 20), ("F", 1), ("G", 4), ("D", 1), ("B", 20), ("E", 1), ("H", 6)]
 
 
+def _to_cpu(out: ModelOutput) -> ModelOutput:
+    return ModelOutput(out.hidden_states.cpu(), [a.cpu() for a in out.aux_hidden_states])
+
+
 def hf_reference(model: Any, tokens: list[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     with torch.no_grad():
         out = model(torch.tensor([tokens]), output_hidden_states=True)
     return out.logits[0].float(), tuple(h[0] for h in out.hidden_states)
 
 
-def run_scenario(name: str, dtype: torch.dtype, block_size: int) -> dict[str, Any]:
+def run_scenario(
+    name: str, dtype: torch.dtype, block_size: int, device: str = "cpu"
+) -> dict[str, Any]:
     hf = build_hf(name)
     args = args_from_hf(hf.config)
-    model = CausalLM.from_tensors(args, hf.state_dict(), dtype=dtype, device="cpu")
+    model = CausalLM.from_tensors(args, hf.state_dict(), dtype=dtype, device=device)
     sc = Scenario(LENGTHS, block_size)
     cache = KVCache.allocate(
-        args.num_hidden_layers, sc.num_blocks, block_size, args.num_key_value_heads,
-        args.head_dim, dtype, "cpu",
+        args.num_hidden_layers,
+        sc.num_blocks,
+        block_size,
+        args.num_key_value_heads,
+        args.head_dim,
+        dtype,
+        device,
     )
     aux_layers = list(range(args.num_hidden_layers - 1))
     results = []
     for plan in (STEP1, STEP2):
-        batch, spans = sc.step(plan)
+        batch, spans = sc.step(plan, device)
         batch.validate(block_size)
         out = model(batch, cache, aux_hidden_layers=aux_layers)
-        logits = model.compute_logits(out.hidden_states)
-        results.append((spans, logits, out))
+        logits = model.compute_logits(out.hidden_states).cpu()
+        results.append((spans, logits, _to_cpu(out)))
     refs = {n: hf_reference(hf, r.tokens) for n, r in sc.reqs.items()}
     return {"results": results, "refs": refs, "model": model, "hf": hf, "args": args}
 
@@ -185,6 +199,19 @@ def test_fp32_logits_and_hidden_match_transformers(name: str, block_size: int) -
     _compare(run, atol=1e-4, check_hidden=True)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_cuda_matches_transformers(name: str, dtype: torch.dtype) -> None:
+    """The same mixed batches on a GPU (default linear kernels there: the torch reference)."""
+    run = run_scenario(name, dtype, 16, device="cuda")
+    scale = max(ref[0].abs().max().item() for ref in run["refs"].values())
+    # TF32 or bf16 matmuls on the GPU: compare loosely, like the CPU bf16 test.
+    atol = 2e-3 * scale if dtype == torch.float32 else 0.05 * scale
+    _compare(run, atol=atol, check_hidden=dtype == torch.float32)
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_bf16_is_close_to_transformers_fp32(name: str) -> None:
     run = run_scenario(name, torch.bfloat16, 4)
@@ -193,25 +220,59 @@ def test_bf16_is_close_to_transformers_fp32(name: str) -> None:
     assert worst < 0.05 * scale
 
 
-def test_pure_decode_batch_matches() -> None:
-    """A batch of decodes only (the contiguous fast path) and a second decode on top of the first."""
-    name, block_size = "llama3-rope-untied", 4
+@pytest.mark.parametrize("linear_kernels", sorted(LINEAR_KERNELS))
+@pytest.mark.parametrize("name", ["llama3-rope-untied", "qwen2-bias"])
+def test_pure_decode_batch_matches(name: str, linear_kernels: str) -> None:
+    """Decodes only (the attention fast path; the small-row matmul formulations), twice in a row."""
+    block_size = 4
     hf = build_hf(name)
     args = args_from_hf(hf.config)
-    model = CausalLM.from_tensors(args, hf.state_dict())
+    model = CausalLM.from_tensors(args, hf.state_dict(), linear_kernels=linear_kernels)
     sc = Scenario({"P": 9, "Q": 14, "R": 4}, block_size)
-    cache = KVCache.allocate(args.num_hidden_layers, sc.num_blocks, block_size, 2, 16, torch.float32, "cpu")
+    cache = KVCache.allocate(
+        args.num_hidden_layers,
+        sc.num_blocks,
+        block_size,
+        args.num_key_value_heads,
+        args.head_dim,
+        torch.float32,
+        "cpu",
+    )
     model(sc.step([("P", 7), ("Q", 12), ("R", 2)])[0], cache)
-    for _ in range(2):
-        batch, spans = sc.step([("P", 1), ("Q", 1), ("R", 1)])
+    for plan in ([("P", 1), ("Q", 1), ("R", 1)], [("Q", 1)], [("P", 1), ("R", 1)]):
+        batch, spans = sc.step(plan)
         logits = model.compute_logits(model(batch, cache).hidden_states)
         for row, (n, start, _) in enumerate(spans):
             ref = hf_reference(hf, sc.reqs[n].tokens)[0][start]
             assert (logits[row] - ref).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 32, 33, 70])
+def test_linear_kernels_agree_with_reference(rows: int, dtype: torch.dtype) -> None:
+    """Every registered matmul formulation computes the reference product (and fused residual add)."""
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 48, generator=gen).to(dtype)
+    w = torch.randn(80, 48, generator=gen).to(dtype)
+    bias = torch.randn(80, generator=gen).to(dtype)
+    residual = torch.randn(rows, 80, generator=gen).to(dtype)
+    ref = LINEAR_KERNELS["torch"]()
+    tol = 1e-5 if dtype == torch.float32 else 0.1
+    for name, factory in LINEAR_KERNELS.items():
+        k = factory()
+        for got, want in (
+            (k.linear(x, w), ref.linear(x, w)),
+            (k.linear(x, w, bias), ref.linear(x, w, bias)),
+            (k.linear_add(residual, x, w), ref.linear_add(residual, x, w)),
+        ):
+            assert got.shape == want.shape and got.dtype == want.dtype and got.is_contiguous()
+            diff = (got.float() - want.float()).abs().max().item()
+            assert diff < tol, f"{name} linear kernels differ from torch by {diff} at {rows} rows"
+
+
 def test_tied_lm_head_is_the_embedding_parameter() -> None:
-    tied = CausalLM.from_tensors(args_from_hf(build_hf("llama-tied").config), build_hf("llama-tied").state_dict())
+    tied_hf = build_hf("llama-tied")
+    tied = CausalLM.from_tensors(args_from_hf(tied_hf.config), tied_hf.state_dict())
     assert tied.lm_head is tied.embed_tokens
     untied_hf = build_hf("qwen3-qknorm")
     untied = CausalLM.from_tensors(args_from_hf(untied_hf.config), untied_hf.state_dict())
@@ -234,3 +295,17 @@ def test_bad_checkpoints_name_the_tensor() -> None:
     extra["model.layers.0.mlp.extra.weight"] = torch.zeros(3)
     with pytest.raises(ValueError, match="unexpected tensor 'model.layers.0.mlp.extra.weight'"):
         CausalLM.from_tensors(args, extra)
+
+
+def test_forward_rejects_bad_inputs_by_name() -> None:
+    hf = build_hf("llama-tied")
+    args = args_from_hf(hf.config)
+    model = CausalLM.from_tensors(args, hf.state_dict())
+    batch = build_forward_batch([PagedRequest([1, 2, 3], 0, [0])], 4)
+    cache = KVCache.allocate(3, 4, 4, args.num_key_value_heads, args.head_dim, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="aux_hidden_layers index 3"):
+        model(batch, cache, aux_hidden_layers=[3])
+    with pytest.raises(ValueError, match="kv_cache has 2 K"):
+        model(batch, KVCache(cache.k[:2], cache.v[:2]))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(build_forward_batch([PagedRequest([1], 200, list(range(51)))], 4), cache)

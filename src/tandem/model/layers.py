@@ -1,9 +1,10 @@
 """The decoder layer shared by Llama, Qwen2 and Qwen3: RMSNorm, attention over the paged cache, SwiGLU.
 
 Family differences are data, not code paths: Qwen2's q/k/v bias is an optional bias on the fused ``qkv``
-matmul, Qwen3's per-head q/k RMSNorm an optional weight. Weights are parameters (so ``state_dict``,
-``.to`` and sharing work as usual) but the forward calls functional ops directly: at decode, one layer is
-about fifteen small kernels, and per-call Python overhead is a visible share of the step.
+matmul, Qwen3's per-head q/k RMSNorm an optional weight. Weights are parameters (``state_dict`` and
+sharing work as usual; the dtype is fixed when the model is built) but the forward calls functional ops
+and keeps the kernel count low: at decode, every small kernel between two weight-streaming matmuls
+costs far more than its arithmetic.
 """
 
 from __future__ import annotations
@@ -16,30 +17,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.model.attention import AttentionBackend
+from tandem.model.linear import LinearKernels
 from tandem.model.model_args import ModelArgs
 from tandem.model.rope import apply_rope
 from tandem.model.weights import LayerWeights
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight * x / sqrt(mean(x^2) + eps)`` over the last axis, normalised in float32."""
-    if x.dtype == torch.float32:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+def unit_rms(x: torch.Tensor, eps_root: torch.Tensor) -> torch.Tensor:
+    """RMSNorm without its gain, divided by ``sqrt(n)``: ``x / sqrt(sum(x^2) + n * eps)``.
 
-
-def unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without its gain and divided by ``sqrt(n)``: ``x / sqrt(sum(x^2) + n * eps)``.
-
-    The gain times ``sqrt(n)`` lives in the consumer's weights (see weights.py), which leaves four kernels
-    here instead of seven. The sum of squares is taken in float32.
+    ``eps_root`` is the scalar tensor ``sqrt(n * eps)`` in ``x``'s dtype, so the denominator is one
+    ``hypot`` of the row norm: three kernels where ``F.rms_norm`` runs seven. That matters at decode, where
+    each small kernel between two weight-streaming matmuls costs far more than its arithmetic. The gains,
+    times ``sqrt(n)``, live in the weights that consume the result (weights.py). The norm accumulates in
+    float32 for every input dtype; for bf16 only the final denominator is rounded to bf16.
     """
-    n = x.shape[-1]
-    if x.dtype == torch.float32:
-        return x * torch.linalg.vecdot(x, x).add_(n * eps).rsqrt_().unsqueeze(-1)
-    xf = x.float()
-    return x * torch.linalg.vecdot(xf, xf).add_(n * eps).rsqrt_().unsqueeze(-1).to(x.dtype)
+    return x / torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), eps_root)
 
 
 @dataclass(frozen=True)
@@ -48,6 +41,7 @@ class LayerContext:
 
     rotations: torch.Tensor  # [T, 1, head_dim // 2] complex, RoPE rotation of each token's position
     attn_metadata: Any  # the backend's per-forward metadata
+    eps_root: torch.Tensor  # scalar sqrt(hidden * rms_norm_eps) in the model dtype, see unit_rms
 
 
 def _param(t: torch.Tensor | None) -> nn.Parameter | None:
@@ -55,7 +49,13 @@ def _param(t: torch.Tensor | None) -> nn.Parameter | None:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, weights: LayerWeights, backend: AttentionBackend) -> None:
+    def __init__(
+        self,
+        args: ModelArgs,
+        weights: LayerWeights,
+        backend: AttentionBackend,
+        linear: LinearKernels,
+    ) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = (
             args.num_attention_heads,
@@ -66,6 +66,7 @@ class DecoderLayer(nn.Module):
         self.eps = args.rms_norm_eps
         self.scale = args.head_dim**-0.5
         self.backend = backend
+        self.linear = linear
         self.qkv = nn.Parameter(weights.qkv, requires_grad=False)
         self.qkv_bias = _param(weights.qkv_bias)
         self.qk_norm = _param(weights.qk_norm)
@@ -82,15 +83,16 @@ class DecoderLayer(nn.Module):
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         """``x`` is the residual stream ``[T, hidden]``; returns the stream after this layer."""
-        attn = self._attention(unit_rms(x, self.eps), ctx, k_cache, v_cache)
-        # addmm folds each residual add into the projection that feeds it.
+        attn = self._attention(unit_rms(x, ctx.eps_root), ctx, k_cache, v_cache)
+        # Each residual add is fused into the projection that feeds it.
+        mm = self.linear
         if self.o_bias is None:
-            x = torch.addmm(x, attn, self.o_proj.t())
+            x = mm.linear_add(x, attn, self.o_proj)
         else:
-            x = x + F.linear(attn, self.o_proj, self.o_bias)
-        gate_up = F.linear(unit_rms(x, self.eps), self.gate_up)
+            x = x + mm.linear(attn, self.o_proj, self.o_bias)
+        gate_up = mm.linear(unit_rms(x, ctx.eps_root), self.gate_up)
         gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]
-        return torch.addmm(x, F.silu(gate).mul_(up), self.down.t())
+        return mm.linear_add(x, F.silu(gate).mul_(up), self.down)
 
     def _attention(
         self, h: torch.Tensor, ctx: LayerContext, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -98,10 +100,10 @@ class DecoderLayer(nn.Module):
         """Attention output before ``o_proj``: ``[T, heads * head_dim]``."""
         t = h.shape[0]
         heads, kv_heads, hd = self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        qkv = self.linear.linear(h, self.qkv, self.qkv_bias)
         qk = qkv[:, : (heads + kv_heads) * hd].view(t, heads + kv_heads, hd)
         if self.qk_norm is not None:
-            qk = rms_norm(qk, self.qk_norm, self.eps)
+            qk = F.rms_norm(qk, (hd,), None, self.eps) * self.qk_norm
         qk = apply_rope(qk, ctx.rotations)
         v = qkv[:, (heads + kv_heads) * hd :].view(t, kv_heads, hd)
         out = self.backend.forward(

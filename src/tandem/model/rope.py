@@ -18,9 +18,7 @@ import torch
 _PLAIN_ROPE_TYPES = ("default", None)
 
 
-def rope_inv_freq(
-    head_dim: int, theta: float, scaling: Mapping[str, Any] | None
-) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None) -> torch.Tensor:
     """``inv_freq[i]`` (float32, ``[head_dim // 2]``) after the checkpoint's ``rope_scaling``."""
     if head_dim % 2:
         raise ValueError(f"head_dim must be even for RoPE, got {head_dim}")

@@ -22,6 +22,7 @@ from tandem.model.attention import (
 )
 from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.layers import DecoderLayer, LayerContext, unit_rms
+from tandem.model.linear import LinearKernels, create_linear_kernels, default_linear_kernels
 from tandem.model.model_args import ModelArgs
 from tandem.model.rope import rope_inv_freq, rotation_table
 from tandem.model.weights import ModelWeights, prepare_weights
@@ -37,10 +38,17 @@ class ModelOutput:
 class CausalLM(nn.Module):
     """Llama / Qwen2 / Qwen3 decoder-only model. Build with :meth:`from_tensors`."""
 
-    def __init__(self, args: ModelArgs, weights: ModelWeights, backend: AttentionBackend) -> None:
+    def __init__(
+        self,
+        args: ModelArgs,
+        weights: ModelWeights,
+        backend: AttentionBackend,
+        linear: LinearKernels,
+    ) -> None:
         super().__init__()
         self._args = args
         self.attn_backend = backend
+        self.linear = linear
         self.embed_tokens = nn.Parameter(weights.embed, requires_grad=False)
         # Tied: the LM head IS the embedding parameter (speculative heads share it by reference).
         self.lm_head = (
@@ -48,11 +56,21 @@ class CausalLM(nn.Module):
             if weights.lm_head is None
             else nn.Parameter(weights.lm_head, requires_grad=False)
         )
-        self.layers = nn.ModuleList(DecoderLayer(args, lw, backend) for lw in weights.layers)
+        self.layers = nn.ModuleList(
+            DecoderLayer(args, lw, backend, linear) for lw in weights.layers
+        )
         self.norm = nn.Parameter(weights.norm, requires_grad=False)
         inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
         table = rotation_table(inv_freq, args.max_position_embeddings).to(weights.embed.device)
+        self.rope_table: torch.Tensor
         self.register_buffer("rope_table", table, persistent=False)
+        eps_root = (args.hidden_size * args.rms_norm_eps) ** 0.5  # see unit_rms
+        self.eps_root: torch.Tensor
+        self.register_buffer(
+            "eps_root",
+            torch.tensor(eps_root, dtype=weights.embed.dtype, device=table.device),
+            False,
+        )
 
     @classmethod
     def from_tensors(
@@ -62,8 +80,13 @@ class CausalLM(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         attn_backend: str | AttentionBackend = DEFAULT_ATTENTION_BACKEND,
+        linear_kernels: str | None = None,
     ) -> CausalLM:
-        """Build from Hugging Face-named tensors; raises ``ValueError`` naming any bad tensor."""
+        """Build from Hugging Face-named tensors; raises ``ValueError`` naming any bad tensor.
+
+        ``attn_backend`` names a registered attention backend (or is one); ``linear_kernels`` names
+        the matrix-product formulations (default: ``cpu`` on CPU, ``torch`` elsewhere).
+        """
         if not dtype.is_floating_point:
             raise ValueError(f"model dtype must be floating point, got {dtype}")
         backend = (
@@ -71,7 +94,8 @@ class CausalLM(nn.Module):
             if isinstance(attn_backend, str)
             else attn_backend
         )
-        return cls(args, prepare_weights(args, tensors, dtype, device), backend)
+        linear = create_linear_kernels(linear_kernels or default_linear_kernels(device))
+        return cls(args, prepare_weights(args, tensors, dtype, device), backend, linear)
 
     @property
     def args(self) -> ModelArgs:
@@ -103,21 +127,28 @@ class CausalLM(nn.Module):
         for i in aux_hidden_layers:
             if not 0 <= i < self.num_layers:
                 raise ValueError(f"aux_hidden_layers index {i} outside [0, {self.num_layers})")
+        if batch.seq_lens and max(batch.seq_lens) > self.rope_table.shape[0]:
+            raise ValueError(
+                f"seq_lens reach {max(batch.seq_lens)} tokens, beyond the model's "
+                f"max_position_embeddings ({self.rope_table.shape[0]})"
+            )
         batch.attn_metadata = self.attn_backend.build_metadata(batch, kv_cache.block_size)
-        ctx = LayerContext(self.rope_table[batch.positions].unsqueeze(1), batch.attn_metadata)
+        ctx = LayerContext(
+            self.rope_table[batch.positions].unsqueeze(1), batch.attn_metadata, self.eps_root
+        )
         x = self.embed(batch.input_ids)
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, ctx, kv_cache.k[i], kv_cache.v[i])
             if i in aux_hidden_layers:
                 captured[i] = x
-        hidden = unit_rms(x, self._args.rms_norm_eps) * self.norm
+        hidden = unit_rms(x, self.eps_root) * self.norm
         return ModelOutput(hidden, [captured[i] for i in aux_hidden_layers])
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, hidden]`` -> float32 logits ``[N, vocab]``."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.linear.linear(hidden, self.lm_head).float()
 
     def _check_cache(self, kv_cache: KVCache) -> None:
         args = self._args
@@ -133,4 +164,6 @@ class CausalLM(nn.Module):
                 f"[blocks, block_size, {args.num_key_value_heads}, {args.head_dim}]"
             )
         if kv_cache.k[0].dtype != self.dtype:
-            raise ValueError(f"kv_cache dtype {kv_cache.k[0].dtype} differs from model {self.dtype}")
+            raise ValueError(
+                f"kv_cache dtype {kv_cache.k[0].dtype} differs from model {self.dtype}"
+            )

@@ -5,10 +5,10 @@ Checked here, once: every expected tensor is present with the expected shape, no
 - q, k and v projections are concatenated into one ``qkv`` matrix (one matmul per layer instead of three);
 - gate and up projections into one ``gate_up`` matrix;
 - q/k rows (and their bias and per-head norm weights) are permuted to interleaved RoPE pairs (see rope.py);
-- each RMSNorm gain that feeds a projection (input and post-attention norms) is multiplied into that
-  projection's input columns, together with ``sqrt(hidden)``, so the layer only computes
-  ``x / sqrt(sum(x^2) + hidden * eps)`` (see :func:`tandem.model.layers.unit_rms`). The final norm keeps its
-  own gain, so ``hidden_states`` are exactly the checkpoint's normalised states.
+- each RMSNorm gain that feeds a projection (input and post-attention norms) is multiplied, with
+  ``sqrt(hidden)``, into that projection's input columns (``W @ (g * x) == (W * g) @ x``): the layer
+  then only computes ``x / sqrt(sum(x^2) + hidden * eps)`` (:func:`tandem.model.layers.unit_rms`). The
+  final norm keeps its own gain (times ``sqrt(hidden)``), so ``hidden_states`` are the checkpoint's.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 class LayerWeights:
     qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden], input-norm gain folded in
     qkv_bias: torch.Tensor | None
-    qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim]: q_norm per q head, k_norm per k head
+    # [heads + kv_heads, head_dim]: q_norm's gain for each q head, then k_norm's for each k head.
+    qk_norm: torch.Tensor | None
     o_proj: torch.Tensor  # [hidden, heads * head_dim]
     o_bias: torch.Tensor | None
     gate_up: torch.Tensor  # [2 * intermediate, hidden], post-attention-norm gain folded in
@@ -40,7 +41,7 @@ class LayerWeights:
 class ModelWeights:
     embed: torch.Tensor  # [vocab, hidden]
     layers: tuple[LayerWeights, ...]
-    norm: torch.Tensor  # [hidden], final norm gain times sqrt(hidden)
+    norm: torch.Tensor  # [hidden], the final norm's gain times sqrt(hidden)
     lm_head: torch.Tensor | None  # None when tied to ``embed``
 
 
@@ -98,14 +99,14 @@ def validate(args: ModelArgs, tensors: Mapping[str, torch.Tensor]) -> None:
         if name not in tensors:
             raise ValueError(f"checkpoint is missing tensor {name!r} (expected shape {shape})")
     for name, tensor in tensors.items():
-        shape = required.get(name, optional.get(name))
-        if shape is None:
+        found = required.get(name, optional.get(name))
+        if found is None:
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
             raise ValueError(f"checkpoint has unexpected tensor {name!r} for a {args.family} model")
-        if tuple(tensor.shape) != shape:
+        if tuple(tensor.shape) != found:
             raise ValueError(
-                f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape} from the config"
+                f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {found} from the config"
             )
         if not tensor.is_floating_point():
             raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}, expected a floating type")
@@ -129,7 +130,7 @@ def prepare_weights(
         return t.to(dtype).contiguous()
 
     def gain(name: str) -> torch.Tensor:
-        """A norm gain times sqrt(hidden) (see ``unit_rms``)."""
+        """An RMSNorm gain times sqrt(hidden) (see ``unit_rms``)."""
         return get(name) * args.hidden_size**0.5
 
     layers = []

@@ -73,6 +73,8 @@ def slots_for_positions(
     """
     if positions.dim() == 1:
         positions = positions.unsqueeze(0).expand(block_tables.shape[0], -1)
-    block_idx = torch.div(positions, block_size, rounding_mode="floor").clamp_(max=block_tables.shape[1] - 1)
+    block_idx = torch.div(positions, block_size, rounding_mode="floor").clamp_(
+        max=block_tables.shape[1] - 1
+    )
     blocks = torch.gather(block_tables, 1, block_idx)
     return blocks * block_size + positions % block_size

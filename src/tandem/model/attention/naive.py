@@ -38,7 +38,8 @@ class NaiveBackend(AttentionBackend):
         device = batch.block_tables.device
         requests = []
         for i in range(batch.num_reqs):
-            start, end, seq_len = batch.query_start_loc[i], batch.query_start_loc[i + 1], batch.seq_lens[i]
+            start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
+            seq_len = batch.seq_lens[i]
             key_pos = torch.arange(seq_len, device=device)
             slots = slots_for_positions(batch.block_tables[i : i + 1], key_pos, block_size).view(-1)
             query_pos = torch.arange(seq_len - (end - start), seq_len, device=device)

@@ -27,7 +27,8 @@ class PaddedGroup:
 
     num_reqs: int
     max_q: int
-    row_start: int  # when ``q_rows`` is None the group is rows row_start : row_start + num_reqs*max_q
+    # When ``q_rows`` is None the group's queries are rows row_start : row_start + num_reqs * max_q.
+    row_start: int
     q_rows: torch.Tensor | None  # [num_reqs * max_q] rows of q (padding repeats a real row)
     out_rows: torch.Tensor | None  # [n] output rows filled from ...
     out_src: torch.Tensor | None  # [n] ... these flat rows of the padded result
@@ -64,8 +65,10 @@ class SdpaBackend(AttentionBackend):
         self.short_query_max = short_query_max
 
     def build_metadata(self, batch: ForwardBatch, block_size: int) -> SdpaMetadata:
-        qsl, seq_lens = batch.query_start_loc, batch.seq_lens
-        decode, short, long_ = [], [], []
+        qsl = batch.query_start_loc
+        decode: list[int] = []
+        short: list[int] = []
+        long_: list[int] = []
         for i in range(batch.num_reqs):
             q_len = qsl[i + 1] - qsl[i]
             (decode if q_len == 1 else short if q_len <= self.short_query_max else long_).append(i)
@@ -98,17 +101,17 @@ class SdpaBackend(AttentionBackend):
         mask = None
         if max_q > 1 or min(seqs) != max_len:
             seq_t = torch.tensor(seqs, device=device)
-            last_visible = (seq_t - torch.tensor(q_lens, device=device)).unsqueeze(1) + torch.arange(
-                max_q, device=device
-            )  # [n, max_q]: query j of a request sees keys up to ctx + j
+            context = seq_t - torch.tensor(q_lens, device=device)
+            # [n, max_q]: query j of a request sees keys up to context + j.
+            last_visible = context.unsqueeze(1) + torch.arange(max_q, device=device)
             visible = (key_pos <= last_visible.unsqueeze(2)) & (key_pos < seq_t.view(n, 1, 1))
             mask = _additive(visible.unsqueeze(1), self.mask_dtype)
         row_start = qsl[reqs[0]]
         return PaddedGroup(n, max_q, row_start, q_rows, out_rows, out_src, slots, max_len, mask)
 
     def _long_query(self, batch: ForwardBatch, i: int, block_size: int) -> LongQuery:
-        start, end, seq_len = batch.query_start_loc[i], batch.query_start_loc[i + 1], batch.seq_lens[i]
-        q_len = end - start
+        start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
+        seq_len, q_len = batch.seq_lens[i], end - start
         if q_len == seq_len:
             return LongQuery(start, end, None, None)
         device = batch.block_tables.device
