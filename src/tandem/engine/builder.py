@@ -22,13 +22,13 @@ from tandem.core.scheduler import Scheduler
 from tandem.engine.core import EngineCore
 from tandem.executor import get_executor_class
 from tandem.model.forward_batch import KVCache
-from tandem.model.loader import Checkpoint, load_checkpoint, load_tokenizer
+from tandem.model.loader import load_tokenizer
 from tandem.model.loader.model_info import load_model_args
 from tandem.model.loader.tokenizer import Tokenizer
 from tandem.model.model_args import ModelArgs
 from tandem.spec_decode.factory import get_proposer_class
 from tandem.trace.tracer import NULL_TRACER, Tracer
-from tandem.worker.worker import WorkerSpec, build_runner
+from tandem.worker.worker import WorkerSpec
 
 logger = logging.getLogger("tandem.engine")
 
@@ -127,16 +127,11 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
     executor_cls = get_executor_class(backend)  # unknown name: ValueError before any loading
     if config.speculative is not None:
         get_proposer_class(config.speculative.method)
-    ckpt: Checkpoint | None = None
-    if backend == "mp":
-        tokenizer = load_tokenizer(config.model.model)
-        plan = plan_engine(config)
-    else:
-        from tandem.worker.worker import DTYPES
-
-        ckpt = load_checkpoint(config.model.model, DTYPES[config.model.resolved_dtype()])
-        tokenizer = ckpt.tokenizer
-        plan = plan_engine(config, ckpt.args)
+    # Weights are loaded where the runner lives (worker thread or process), never on the engine's
+    # thread: torch's OpenMP team belongs to the thread that first runs a parallel op, and a second
+    # team on the same cores made the forward 20-40 % slower here.
+    tokenizer = load_tokenizer(config.model.model)
+    plan = plan_engine(config)
     logger.info(plan.decision.log_line())
     eos = frozenset(plan.args.eos_token_ids) | tokenizer.eos_token_ids
     spec = WorkerSpec(
@@ -147,10 +142,7 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         eos_token_ids=eos,
         trace=tracer.enabled,
     )
-    if backend == "mp":
-        executor = executor_cls(spec, tracer=tracer)
-    else:
-        executor = executor_cls(build_runner(spec, ckpt, tracer=tracer))
+    executor = executor_cls.create(spec, tracer=tracer)
     k = config.speculative.num_speculative_tokens if config.speculative else 0
     lookahead = 0
     if config.speculative is not None and get_proposer_class(config.speculative.method).needs_lookahead_slots:

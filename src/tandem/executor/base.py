@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from tandem.async_decision import AsyncCapability, AsyncReason
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
+from tandem.trace.tracer import NULL_TRACER, Tracer
+
+if TYPE_CHECKING:
+    from tandem.model.loader import Checkpoint
+    from tandem.worker.worker import WorkerSpec
 
 
 class ExecutorError(RuntimeError):
@@ -32,6 +37,13 @@ class Executor(ABC):
             reason=AsyncReason.UNSUPPORTED_EXECUTOR,
             fix=cls.ASYNC_FIX,
         )
+
+    @classmethod
+    @abstractmethod
+    def create(
+        cls, spec: WorkerSpec, *, checkpoint: Checkpoint | None = None, tracer: Tracer = NULL_TRACER
+    ) -> Executor:
+        """Build the executor and its runner from plain data (a loaded checkpoint may be reused)."""
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:

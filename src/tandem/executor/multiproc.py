@@ -53,6 +53,12 @@ class MultiprocExecutor(Executor):
         self._reader = threading.Thread(target=self._read_loop, name="tandem-mp-reader", daemon=True)
         self._reader.start()
 
+    @classmethod
+    def create(
+        cls, spec: WorkerSpec, *, checkpoint: object = None, tracer: Tracer = NULL_TRACER
+    ) -> MultiprocExecutor:
+        return cls(spec, tracer=tracer)  # the worker loads its own weights
+
     def _accept(self, spec: WorkerSpec) -> Connection:
         done: list[Connection] = []
         accepter = threading.Thread(target=lambda: done.append(self._listener.accept()), daemon=True)
