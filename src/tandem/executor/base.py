@@ -39,11 +39,11 @@ class Executor(ABC):
         )
 
     @classmethod
-    @abstractmethod
     def create(
         cls, spec: WorkerSpec, *, checkpoint: Checkpoint | None = None, tracer: Tracer = NULL_TRACER
     ) -> Executor:
         """Build the executor and its runner from plain data (a loaded checkpoint may be reused)."""
+        raise TypeError(f"executor {cls.name!r} cannot be built by the engine (test-only executor)")
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
