@@ -77,8 +77,8 @@ def run(dtype_name: str, repeats: int, max_new: int, bar: tqdm) -> dict:
     base = tok(humaneval(40)[-1])["input_ids"][:31]
     same_len_ids = [base + [1000 + i] for i in range(32)]
     same_len = [{"prompt_token_ids": ids} for ids in same_len_ids]
-    llms = {n: LLM(dtype=dtype_name, max_num_seqs=n) for n in (1, 16)}
-    llms[32] = LLM(dtype=dtype_name, max_num_seqs=32)
+    engine_dtype = {"fp32": "float32", "bf16": "bfloat16"}[dtype_name]
+    llms = {n: LLM(dtype=engine_dtype, max_num_seqs=n) for n in (1, 16, 32)}
     for _ in range(repeats):
         cases = [
             ("a_single_stream", 1, [single_prompt], [single_prompt], max_new, False),
