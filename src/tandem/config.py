@@ -81,6 +81,9 @@ class SchedulerConfig:
     # Tri-state request: False = off, True = demanded (fail if unsupported), None = decide by capability.
     # Never rewritten: the decision lives in AsyncSchedulingDecision.
     async_scheduling: bool | None = None
+    # Arm C: the worker launches step N+1 from device-corrected inputs without waiting for step N's
+    # accepted counts; the host reconciles later. Needs async scheduling; outputs are identical.
+    deferred_reconciliation: bool = False
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)

@@ -133,6 +133,11 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
     tokenizer = load_tokenizer(config.model.model)
     plan = plan_engine(config)
     logger.info(plan.decision.log_line())
+    if config.scheduler.deferred_reconciliation and not plan.decision.resolved:
+        raise ValueError(
+            "deferred_reconciliation needs async scheduling, which resolved off "
+            f"({plan.decision.reason.value}); enable async scheduling or drop the flag"
+        )
     eos = frozenset(plan.args.eos_token_ids) | tokenizer.eos_token_ids
     spec = WorkerSpec(
         config=config,

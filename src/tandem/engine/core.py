@@ -95,7 +95,10 @@ class EngineCore:
     def _wait(self, so: SchedulerOutput, fut: Future[ModelRunnerOutput]) -> ModelRunnerOutput:
         with self.tracer.span("wait_output", track="wait", step=so.step_id):
             try:
-                return fut.result()
+                out = fut.result()
+                if not isinstance(out, ModelRunnerOutput):
+                    out = out.materialize()  # deferred reconciliation: the host copy happens here
+                return out
             except ExecutorError:
                 raise
             except Exception as exc:  # the worker raised: surface it as an executor failure

@@ -32,7 +32,8 @@ from tandem.trace.tracer import NULL_TRACER, Tracer
 _LLM_ARGS = (
     "tokenizer dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
     "enable_prefix_caching num_kv_blocks kv_cache_memory async_scheduling executor_backend "
-    "speculative_config worker_threads debug_invariants trace_file tensor_parallel_size"
+    "speculative_config worker_threads debug_invariants trace_file tensor_parallel_size "
+    "deferred_reconciliation"
 ).split()
 
 
@@ -70,6 +71,7 @@ def config_from_kwargs(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
                 kw.get("max_num_batched_tokens") or sched_defaults.max_num_batched_tokens
             ),
             async_scheduling=kw.get("async_scheduling"),
+            deferred_reconciliation=bool(kw.get("deferred_reconciliation", False)),
         ),
         parallel=ParallelConfig(
             executor_backend=kw.get("executor_backend") or "uni",

@@ -30,6 +30,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="on / off; default: auto (on when every component supports it)",
     )
     g.add_argument(
+        "--deferred-reconciliation",
+        action="store_true",
+        help="launch step N+1 without waiting for step N's accepted counts (needs async)",
+    )
+    g.add_argument(
         "--executor-backend",
         "--distributed-executor-backend",
         dest="executor_backend",
@@ -46,7 +51,7 @@ def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
         "num_kv_blocks kv_cache_memory enable_prefix_caching async_scheduling executor_backend "
-        "tensor_parallel_size speculative_config worker_threads"
+        "tensor_parallel_size speculative_config worker_threads deferred_reconciliation"
     ).split()
     kw = {k: getattr(ns, k) for k in keys}
     kw["debug_invariants"] = True if ns.debug_invariants else None

@@ -88,6 +88,8 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
             item = outbox.get()
             if item is None:
                 return
+            if isinstance(item, Result) and not isinstance(item.output, ModelRunnerOutput):
+                item = Result(item.output.materialize(), item.spans)  # host copy off the main loop
             try:
                 conn.send(item)
             except (BrokenPipeError, OSError):

@@ -34,6 +34,10 @@ class ForwardBatch:
     logits_indices: torch.Tensor | None = None
     # Per-backend metadata built once per forward and shared by every layer (see attention.py).
     attn_metadata: Any = field(default=None, repr=False)
+    # Exact sequence lengths on the device, when the host only knows upper bounds for some requests
+    # (deferred reconciliation: the previous step's accepted counts are not on the host yet). Then
+    # ``seq_lens`` holds those upper bounds; such requests always have short queries (1 + drafts).
+    seq_lens_dev: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

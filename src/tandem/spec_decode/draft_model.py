@@ -33,6 +33,7 @@ _FED = "draft_fed"  # drafts fed into the draft KV at positions base, base+1, ..
 class DraftModelProposer(Proposer):
     method = "draft_model"
     SUPPORTS_ASYNC_SCHEDULING = True
+    device_native = False  # catch-up lengths depend on the accepted counts: host shapes
     needs_lookahead_slots = True
 
     def __init__(self, num_speculative_tokens: int, draft: CausalLM, kv_cache: KVCache) -> None:
@@ -95,6 +96,8 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, inp: ProposeInput) -> list[list[int]]:
+        assert inp.num_accepted is not None and inp.max_drafts_host is not None
+        num_accepted, max_drafts = inp.num_accepted, inp.max_drafts_host
         # 1. Catch up: prefill-chunk requests up to the runner's frontier, sampling ones up to their last
         #    token (whose logits give d1).
         catch: list[PagedRequest] = []
@@ -108,7 +111,7 @@ class DraftModelProposer(Proposer):
             st.proposer_state.update({_VALID: end})
             st.proposer_state.pop(_BASE, None)
         for i, st in enumerate(inp.states):
-            valid = min(self._valid_positions(st, inp.num_accepted[i]), st.num_tokens - 1)
+            valid = min(self._valid_positions(st, num_accepted[i]), st.num_tokens - 1)
             catch.append(PagedRequest(st.tokens(valid, st.num_tokens), valid, st.block_ids))
             owners.append(i)
         drafts: list[list[int]] = [[] for _ in inp.states]
@@ -116,11 +119,11 @@ class DraftModelProposer(Proposer):
             return drafts
         first = self._forward(catch).tolist()
         for owner, tok in zip(owners, first):
-            if owner >= 0 and inp.max_drafts[owner] > 0:
+            if owner >= 0 and max_drafts[owner] > 0:
                 drafts[owner].append(tok)
         # 2. Chain: feed d_j at position num_tokens + j - 1 to get d_(j+1).
         for j in range(1, self.k):
-            active = [i for i in range(len(inp.states)) if len(drafts[i]) == j < inp.max_drafts[i]]
+            active = [i for i in range(len(inp.states)) if len(drafts[i]) == j < max_drafts[i]]
             if not active:
                 break
             reqs = [

@@ -1,10 +1,13 @@
 """The proposer interface: every drafting method sits behind it; verification is separate.
 
-A proposer runs on the worker right after the target step has sampled, sees the runner's request states
-(already holding the tokens just accepted) and the target's hidden states, and returns up to k drafts per
-request. With async scheduling the drafts stay in the worker (``RequestState.drafts``) and the host only
-sees ``-1`` slots; with sync scheduling they also travel to the host in ``ModelRunnerOutput``.
+A proposer runs on the worker right after the target step has sampled. A *device-native* proposer reads
+everything from the device (the runner's ``DeviceState`` already holds the tokens just accepted; the
+target's hidden states are on the device) and returns drafts as a device tensor, so nothing waits for
+the host. A host-side proposer (``device_native = False``) gets this step's tokens applied to the host
+request states first — a wait the runner traces as ``wait_accepted_counts``.
 
+With async scheduling the drafts stay on the worker (``DeviceState.drafts``) and the host scheduler only
+sees ``-1`` slots; with sync scheduling they also travel to the host in ``ModelRunnerOutput``.
 Each proposer class declares whether it supports async scheduling; the async decision reads that.
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -20,27 +23,37 @@ from tandem.async_decision import AsyncCapability, AsyncReason
 from tandem.model.forward_batch import ForwardBatch
 from tandem.worker.request_state import RequestState
 
+if TYPE_CHECKING:
+    from tandem.worker.device_state import DeviceState
+
 
 @dataclass
 class ProposeInput:
     """What the target step leaves for the proposer, for the requests that sampled this step."""
 
-    states: list[RequestState]  # tokens already include this step's accepted + bonus tokens
-    num_accepted: list[int]  # accepted drafts per request this step
-    max_drafts: list[int]  # exact per-request cap (max_tokens / max_model_len)
+    states: list[RequestState]  # host mirrors (this step's tokens applied only for host proposers)
+    slots: torch.Tensor  # [B] rows of the device state
+    dev: DeviceState  # tokens / num_tokens already include this step's accepted + bonus tokens
+    sampled: torch.Tensor  # [B, K+1] this step's tokens, -1 padded
+    max_drafts: torch.Tensor  # [B] exact cap per request (max_tokens / max_model_len), device
     batch: ForwardBatch  # the target step's batch
-    # Target hidden states for each request's last fed rows (EAGLE / MTP read them), keyed by layer id
-    # (-1 = final normed output), rows aligned with ``sample_rows``.
+    # Target hidden states (EAGLE / MTP read them), keyed by layer id (-1 = final normed output); rows of
+    # the flat batch, see ``sample_rows``.
     hidden_states: dict[int, torch.Tensor]
     sample_rows: list[list[int]]
     # Requests that advanced this step without sampling (prefill chunks): drafters with their own KV
     # catch up on them so a prefix cached later is valid for the draft too.
     prefill_states: list[RequestState] = field(default_factory=list)
+    # Host copies, filled for host-side proposers only.
+    num_accepted: list[int] | None = None
+    max_drafts_host: list[int] | None = None
 
 
 class Proposer(ABC):
     method: ClassVar[str]
     SUPPORTS_ASYNC_SCHEDULING: ClassVar[bool] = True
+    # Drafts computed from device state alone (no host copy of the step's tokens needed).
+    device_native: ClassVar[bool] = True
     # Target layers whose residual stream the proposer needs (EAGLE-3); empty for most.
     aux_hidden_layers: tuple[int, ...] = ()
     # Whether the proposer writes its own KV at positions beyond the target's (draft models): the
@@ -61,8 +74,9 @@ class Proposer(ABC):
         )
 
     @abstractmethod
-    def propose(self, inp: ProposeInput) -> list[list[int]]:
-        """Drafts per request (each at most ``inp.max_drafts[i]`` long; may be shorter or empty)."""
+    def propose(self, inp: ProposeInput) -> torch.Tensor | list[list[int]]:
+        """Drafts per request: a [B, k] device tensor padded with -1 (device-native proposers), or
+        lists of at most ``inp.max_drafts_host[i]`` ids (host-side proposers)."""
 
     def remove_requests(self, req_ids: set[str]) -> None:  # noqa: B027 - optional hook
         """Forget per-request state (finished / preempted)."""

@@ -1,14 +1,19 @@
-"""Turn a ``SchedulerOutput`` plus the runner's own request states into one flat ``ForwardBatch``.
+"""Turn a ``SchedulerOutput`` into one flat ``ForwardBatch``, reading step-dependent values from the
+device (``DeviceState``), never from a host copy of the previous step's results.
 
 Per scheduled request (batch order = the scheduler's order) with n tokens of which k are draft slots:
-- positions start at the runner's *true* frontier (``RequestState.num_computed_tokens``), which already
-  reflects the accepted counts of every earlier step: this is where async scheduling's positions and slot
-  mapping are corrected for rejected drafts, with no wait on the host;
-- the n - k known tokens come from the runner's token list (it appended step N's sampled token itself);
-- draft slots hold the host's ids (sync) or, for ``-1`` slots (async), the drafts the runner proposed and
-  kept. A slot with no usable draft is fed token 0 and marked invalid: ``-1`` never reaches the embedding.
-- a request *samples* when its known tokens are all fed; its logits rows are the last known token's row
-  plus one row per valid draft.
+- positions start at the request's true frontier on the device (``DeviceState.num_computed``), which the
+  previous step advanced by its *accepted* count: this is where positions, slot mapping and sequence
+  lengths are corrected for rejected drafts;
+- the n - k known tokens are gathered from the device token history (the previous step appended its
+  sampled token there); the k draft slots are gathered from the device drafts (sync scheduling writes
+  the host's draft ids there first). A slot with no draft is fed token 0 and rejected by construction:
+  ``-1`` never reaches the embedding;
+- a request samples when the scheduler says so (``SchedulerOutput.sampling_req_ids``); its logits rows
+  are its last known token's row plus one row per draft slot.
+The host knows every shape (query lengths come from the scheduler). Sequence lengths are exact on the
+host unless the request's previous step is not reconciled yet; then the host carries an upper bound
+(the scheduler's logical frontier) and the exact lengths travel as a device tensor.
 """
 
 from __future__ import annotations
@@ -19,25 +24,31 @@ import torch
 
 from tandem.core.interface import SchedulerOutput
 from tandem.model.forward_batch import ForwardBatch
+from tandem.worker.device_state import DeviceState
 from tandem.worker.request_state import RequestState
 
 
 @dataclass
 class RequestPlan:
     state: RequestState
+    slot: int
     row_start: int  # first row of this request in the flat batch
     num_tokens: int  # rows in the batch (n)
-    start_pos: int  # position of the first row
-    drafts: list[int]  # len = num_slots; -1 marks an invalid slot
-    num_valid: int  # leading valid drafts (the rest of the slots are rejected by construction)
+    num_slots: int  # draft slots among them (k_r)
     samples: bool
-    # Rows of the flat batch whose logits are computed for this request, and their meaning.
+    exact: bool  # the host knows this request's frontier (its previous step is reconciled)
+    host_drafts: list[int] | None  # sync scheduling: the drafts the host sent
     sample_rows: list[int] = field(default_factory=list)
     prompt_logprob_rows: list[int] = field(default_factory=list)
+    prompt_logprob_start: int = 0  # prompt position of the first prompt-logprob row
 
     @property
-    def num_slots(self) -> int:
-        return len(self.drafts)
+    def req_id(self) -> str:
+        return self.state.req_id
+
+    @property
+    def num_known(self) -> int:
+        return self.num_tokens - self.num_slots
 
 
 @dataclass
@@ -46,92 +57,96 @@ class StepInputs:
     plans: list[RequestPlan]
     logits_rows: list[int]  # rows of hidden states to project, in order
     row_to_logit: dict[int, int]  # flat row -> index into the logits matrix
+    base: torch.Tensor  # [R] device: each request's frontier before the step
 
     @property
-    def any_valid_drafts(self) -> bool:
-        return any(p.num_valid for p in self.plans if p.samples)
+    def sampling(self) -> list[RequestPlan]:
+        return [p for p in self.plans if p.samples]
+
+    def sampling_index(self) -> list[int]:
+        return [i for i, p in enumerate(self.plans) if p.samples]
 
 
 def prepare_inputs(
     so: SchedulerOutput,
     states: dict[str, RequestState],
+    dev: DeviceState,
     *,
     block_size: int,
-    max_model_len: int,
-    num_spec_tokens: int,
+    stale: set[str],
     device: torch.device,
 ) -> StepInputs:
-    ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    qsl = [0]
-    seq_lens: list[int] = []
-    tables: list[list[int]] = []
+    logical = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
+    logical.update({cr.req_id: cr.num_computed_tokens for cr in so.scheduled_cached_reqs})
     plans: list[RequestPlan] = []
-    logits_rows: list[int] = []
-
+    qsl, seq_lens, logits_rows = [0], [], []
+    slots, n_list = [], []
+    row_slot, row_offset, row_draft = [], [], []  # per row: slot, offset in request, draft index or -1
     for rid, n in so.num_scheduled_tokens.items():
         st = states[rid]
+        slot = dev.slot_of[rid]
         host_slots = so.scheduled_spec_decode_tokens.get(rid, [])
         k = len(host_slots)
-        if k and host_slots[0] != -1:
-            drafts = list(host_slots)  # sync scheduling: the host's ids are authoritative
-        else:
-            drafts = (st.drafts[:k] + [-1] * k)[:k]  # async: the drafts this runner kept
-        num_valid = 0
-        while num_valid < k and drafts[num_valid] >= 0:
-            num_valid += 1
-        num_valid = min(num_valid, st.max_drafts(num_spec_tokens, max_model_len))
-        drafts = drafts[:num_valid] + [-1] * (k - num_valid)
-
-        non_spec = n - k
-        start = st.num_computed_tokens
-        if start + non_spec > st.num_tokens:
+        exact = rid not in stale
+        host_drafts = list(host_slots) if k and host_slots[0] != -1 else None
+        plan = RequestPlan(st, slot, qsl[-1], n, k, rid in so.sampling_req_ids, exact, host_drafts)
+        known = n - k
+        start_ub = st.num_computed_tokens if exact else logical.get(rid, st.num_computed_tokens)
+        if exact and start_ub + known > st.num_tokens:
             raise RuntimeError(
-                f"{rid}: {non_spec} tokens scheduled from position {start} but only "
+                f"{rid}: {known} tokens scheduled from position {start_ub} but only "
                 f"{st.num_tokens} are known to the runner"
             )
-        if start + n > max_model_len:
-            raise RuntimeError(f"{rid}: positions up to {start + n - 1} reach past max_model_len")
-        if start + n > len(st.block_ids) * block_size:
-            raise RuntimeError(f"{rid}: {len(st.block_ids)} blocks cannot hold {start + n} tokens")
-        row0 = len(ids)
-        ids.extend(st.tokens(start, start + non_spec))
-        ids.extend(d if d >= 0 else 0 for d in drafts)
-        for p in range(start, start + n):
-            positions.append(p)
-            slots.append(st.block_ids[p // block_size] * block_size + p % block_size)
-        qsl.append(len(ids))
-        seq_lens.append(start + n)
-        tables.append(st.block_ids)
-
-        samples = start + non_spec == st.num_tokens
-        plan = RequestPlan(st, row0, n, start, drafts, num_valid, samples)
-        if samples:
-            plan.sample_rows = list(range(row0 + non_spec - 1, row0 + non_spec + num_valid))
-        if st.sampling_params.prompt_logprobs is not None:
-            # Row at position p predicts prompt token p + 1.
-            last = min(start + non_spec, st.num_prompt_tokens - 1)
-            first = max(start, st.prompt_logprobs_done)
-            plan.prompt_logprob_rows = [row0 + p - start for p in range(first, last)]
+        for j in range(n):
+            row_slot.append(slot)
+            row_offset.append(j)
+            row_draft.append(j - known if j >= known else -1)
+        if plan.samples:
+            plan.sample_rows = list(range(plan.row_start + known - 1, plan.row_start + n))
+        elif k:
+            raise RuntimeError(f"{rid}: draft slots scheduled on a step that does not sample")
+        if st.sampling_params.prompt_logprobs is not None and exact:
+            # Row at position p predicts prompt token p + 1 (prefill chunks are always host-exact).
+            last = min(start_ub + known, st.num_prompt_tokens - 1)
+            first = max(start_ub, st.prompt_logprobs_done)
+            plan.prompt_logprob_rows = [plan.row_start + p - start_ub for p in range(first, last)]
+            plan.prompt_logprob_start = first
         plans.append(plan)
+        slots.append(slot)
+        n_list.append(n)
+        qsl.append(qsl[-1] + n)
+        seq_lens.append(start_ub + n)
         logits_rows.extend(plan.prompt_logprob_rows)
         logits_rows.extend(r for r in plan.sample_rows if r not in plan.prompt_logprob_rows)
 
-    width = max(len(t) for t in tables)
-    table = [t + [0] * (width - len(t)) for t in tables]
-
-    def tensor(x: list[int] | list[list[int]]) -> torch.Tensor:
+    def t(x: list[int]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.int64).to(device, non_blocking=True)
 
-    row_to_logit = {r: i for i, r in enumerate(logits_rows)}
+    # Sync scheduling: the host's drafts are authoritative; put them where the gather reads drafts.
+    for p in plans:
+        if p.host_drafts is not None:
+            dev.drafts[p.slot, : p.num_slots] = t(p.host_drafts)
+            dev.drafts[p.slot, p.num_slots :] = -1
+    slots_t = t(slots)
+    base = dev.num_computed.index_select(0, slots_t)
+    row_slot_t, row_draft_t = t(row_slot), t(row_draft)
+    req_of_row = torch.repeat_interleave(torch.arange(len(plans), device=device), t(n_list))
+    positions = base.index_select(0, req_of_row) + t(row_offset)
+    history = dev.tokens[row_slot_t, positions.clamp(max=dev.trash)]
+    drafts = dev.drafts[row_slot_t, row_draft_t.clamp(min=0)]
+    ids = torch.where(row_draft_t >= 0, drafts, history).clamp(min=0)
+    blocks = dev.block_table[row_slot_t, torch.div(positions, block_size, rounding_mode="floor")]
+    slot_mapping = blocks * block_size + positions % block_size
+    width = max(-(-s // block_size) for s in seq_lens)
     batch = ForwardBatch(
-        input_ids=tensor(ids),
-        positions=tensor(positions),
-        slot_mapping=tensor(slots),
-        block_tables=tensor(table),
+        input_ids=ids,
+        positions=positions,
+        slot_mapping=slot_mapping,
+        block_tables=dev.block_table.index_select(0, slots_t)[:, :width],
         query_start_loc=qsl,
         seq_lens=seq_lens,
-        logits_indices=tensor(logits_rows) if logits_rows else None,
+        logits_indices=t(logits_rows) if logits_rows else None,
+        seq_lens_dev=None if all(p.exact for p in plans) else base + t(n_list),
     )
-    return StepInputs(batch, plans, logits_rows, row_to_logit)
+    row_to_logit = {r: i for i, r in enumerate(logits_rows)}
+    return StepInputs(batch, plans, logits_rows, row_to_logit, base)

@@ -36,10 +36,12 @@ class NaiveBackend(AttentionBackend):
 
     def build_metadata(self, batch: ForwardBatch, block_size: int) -> NaiveMetadata:
         device = batch.block_tables.device
+        # The reference backend needs exact lengths on the host: a sync when they live on the device.
+        lens = batch.seq_lens if batch.seq_lens_dev is None else batch.seq_lens_dev.tolist()
         requests = []
         for i in range(batch.num_reqs):
             start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
-            seq_len = batch.seq_lens[i]
+            seq_len = lens[i]
             key_pos = torch.arange(seq_len, device=device)
             slots = slots_for_positions(batch.block_tables[i : i + 1], key_pos, block_size).view(-1)
             query_pos = torch.arange(seq_len - (end - start), seq_len, device=device)

@@ -60,7 +60,7 @@ class SdpaMetadata:
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
 
-    def __init__(self, dtype: torch.dtype = torch.float32, short_query_max: int = 16) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32, short_query_max: int = 17) -> None:
         self.mask_dtype = dtype  # additive masks must match the query dtype
         self.short_query_max = short_query_max
 
@@ -99,8 +99,11 @@ class SdpaBackend(AttentionBackend):
         key_pos = torch.arange(max_len, device=device)
         slots = slots_for_positions(tables, key_pos, block_size).reshape(-1)
         mask = None
-        if max_q > 1 or min(seqs) != max_len:
-            seq_t = torch.tensor(seqs, device=device)
+        if batch.seq_lens_dev is not None or max_q > 1 or min(seqs) != max_len:
+            if batch.seq_lens_dev is not None:  # host has upper bounds: exact lengths on the device
+                seq_t = batch.seq_lens_dev.index_select(0, torch.tensor(reqs, device=device))
+            else:
+                seq_t = torch.tensor(seqs, device=device)
             context = seq_t - torch.tensor(q_lens, device=device)
             # [n, max_q]: query j of a request sees keys up to context + j.
             last_visible = context.unsqueeze(1) + torch.arange(max_q, device=device)
@@ -110,6 +113,7 @@ class SdpaBackend(AttentionBackend):
         return PaddedGroup(n, max_q, row_start, q_rows, out_rows, out_src, slots, max_len, mask)
 
     def _long_query(self, batch: ForwardBatch, i: int, block_size: int) -> LongQuery:
+        # Long queries are prefill chunks, whose lengths the host always knows exactly.
         start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
         seq_len, q_len = batch.seq_lens[i], end - start
         if q_len == seq_len:

@@ -1,0 +1,121 @@
+"""A step's results while they are still device tensors, and their one-time copy to the host.
+
+``PendingStep`` holds what a step produced on the device (sampled tokens, next drafts, logprobs). Its
+host copy (``host()``) is taken once, by whoever needs it first: the runner reconciling its own request
+states, or the engine / the mp sender thread materializing the ``ModelRunnerOutput``. With deferred
+reconciliation the runner does not take it before launching the next step; on CUDA the copy is started
+asynchronously right after sampling (pinned memory) and waiting for it is the only sync.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from tandem.core.interface import ModelRunnerOutput, TokenLogprobs
+from tandem.sample.sampler import LogprobsTensors
+from tandem.worker.input_prep import RequestPlan
+
+
+def _start_copy(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type == "cuda":
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        return host
+    return t
+
+
+@dataclass
+class PendingStep:
+    step_id: int
+    req_ids: list[str]  # every request of the step, batch order
+    sampling: list[RequestPlan]  # the ones that sampled, in the rows of ``sampled``
+    sampled: torch.Tensor  # [B, K+1] int64, -1 padded (accepted drafts + one token)
+    drafts: torch.Tensor | None  # [B, k] next drafts, -1 padded; None without speculation
+    num_valid: list[int]  # valid draft slots verified this step, per sampling request
+    logprobs: LogprobsTensors | None
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]]
+    send_drafts: bool  # sync scheduling: drafts travel to the host scheduler
+    tokens_applied: bool = False  # a host-side proposer already applied the tokens to the host mirror
+    _host: tuple[list[list[int]], list[list[int]] | None] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _event: object = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._sampled_h = _start_copy(self.sampled)
+        self._drafts_h = _start_copy(self.drafts) if self.drafts is not None else None
+        if self.sampled.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+            self._event = event
+
+    def host(self) -> tuple[list[list[int]], list[list[int]] | None]:
+        """Sampled tokens per request (no padding) and next drafts per request (valid prefix)."""
+        with self._lock:
+            if self._host is None:
+                if self._event is not None:
+                    self._event.synchronize()  # type: ignore[attr-defined]
+                sampled = [[t for t in row if t >= 0] for row in self._sampled_h.tolist()]
+                drafts = None
+                if self._drafts_h is not None:
+                    drafts = []
+                    for row in self._drafts_h.tolist():
+                        n = 0
+                        while n < len(row) and row[n] >= 0:
+                            n += 1
+                        drafts.append(row[:n])
+                self._host = (sampled, drafts)
+            return self._host
+
+    def materialize(self) -> ModelRunnerOutput:
+        sampled, drafts = self.host()
+        by_req = {p.req_id: i for i, p in enumerate(self.sampling)}
+        logprobs = None
+        if self.logprobs is not None:
+            logprobs = _logprob_entries(self.sampling, sampled, self.logprobs)
+        return ModelRunnerOutput(
+            req_ids=list(self.req_ids),
+            sampled_token_ids=[sampled[by_req[r]] if r in by_req else [] for r in self.req_ids],
+            spec_token_ids=(
+                [drafts[by_req[r]] if r in by_req else [] for r in self.req_ids]
+                if self.send_drafts and drafts is not None
+                else None
+            ),
+            num_valid_drafts=[self.num_valid[by_req[r]] if r in by_req else 0 for r in self.req_ids],
+            logprobs=(
+                [logprobs[by_req[r]] if r in by_req else [] for r in self.req_ids]
+                if logprobs is not None
+                else None
+            ),
+            prompt_logprobs=self.prompt_logprobs,
+        )
+
+
+def _logprob_entries(
+    plans: list[RequestPlan], sampled: list[list[int]], lp: LogprobsTensors
+) -> list[list[TokenLogprobs]]:
+    ids, vals = lp.logprob_token_ids.tolist(), lp.logprobs.tolist()
+    ranks = lp.selected_token_ranks.tolist()
+    out, row = [], 0
+    for p, toks in zip(plans, sampled):
+        n = p.state.sampling_params.logprobs
+        entries = []
+        if n is not None:
+            for j, tok in enumerate(toks):
+                r = row + j
+                entries.append(TokenLogprobs(tok, vals[r][0], ranks[r], ids[r][1 : n + 1], vals[r][1 : n + 1]))
+        out.append(entries)
+        row += p.num_slots + 1
+    return out
+
+
+class LazyRunnerOutput:
+    """What the runner returns under deferred reconciliation: materialized by the engine side."""
+
+    def __init__(self, pending: PendingStep) -> None:
+        self.pending = pending
+
+    def materialize(self) -> ModelRunnerOutput:
+        return self.pending.materialize()
