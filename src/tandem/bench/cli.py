@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 import importlib
 
-_MODULES = ("tandem.bench.serve",)
+_MODULES = ("tandem.bench.serve", "tandem.bench.ab")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("bench", help="benchmarks (serve: drive a running server)")
+    p = sub.add_parser("bench", help="benchmarks (serve: drive a running server; ab: arms A/B/C)")
     bench = p.add_subparsers(dest="bench_command", required=True)
     for name in _MODULES:
         importlib.import_module(name).register(bench)

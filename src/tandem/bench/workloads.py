@@ -1,13 +1,14 @@
 """Benchmark workloads: HumanEval prompts (real code, where n-gram speculation has something to
-find) and random-token prompts of a fixed length (vLLM's ``random`` dataset, sent as token ids so
-the input length is exact). Deterministic for a given seed."""
+find), a repetition-heavy workload built from the Python standard library's own sources ("copy this
+code" — where n-gram drafting shines), and random-token prompts of a fixed length (vLLM's ``random``
+dataset, sent as token ids so the input length is exact). Deterministic for a given seed."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-DATASETS = ("humaneval", "random")
+DATASETS = ("humaneval", "repetition", "random")
 _FIRST_ORDINARY_ID = 100  # stay clear of the special / control tokens at the low ids
 
 
@@ -25,6 +26,27 @@ def humaneval_requests(num_prompts: int, output_len: int, seed: int) -> list[Ben
     chosen = [prompts[i % len(prompts)] for i in range(num_prompts)]
     random.Random(seed).shuffle(chosen)
     return [BenchRequest(p, output_len) for p in chosen]
+
+
+def repetition_requests(num_prompts: int, output_len: int, seed: int) -> list[BenchRequest]:
+    """"Copy this code" prompts over standard-library sources available offline."""
+    import sysconfig
+    from pathlib import Path
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py") if p.stat().st_size > 8000)
+    if not files:
+        raise ValueError(f"no standard-library sources found under {stdlib}")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num_prompts):
+        lines = files[rng.randrange(len(files))].read_text(errors="replace").splitlines()
+        start = rng.randrange(max(1, len(lines) - 40))
+        chunk = "\n".join(lines[start : start + 24])
+        head = "\n".join(lines[start : start + 2])
+        prompt = f"# Original:\n{chunk}\n\n# The same code, copied exactly:\n{head}\n"
+        out.append(BenchRequest(prompt, output_len))
+    return out
 
 
 def random_requests(
@@ -63,6 +85,8 @@ def load_workload(
         raise ValueError(f"output length must be positive, got {output_len}")
     if name == "humaneval":
         return humaneval_requests(num_prompts, output_len, seed)
+    if name == "repetition":
+        return repetition_requests(num_prompts, output_len, seed)
     if name == "random":
         if input_len < 1:
             raise ValueError(f"random input length must be positive, got {input_len}")

@@ -89,8 +89,12 @@ class EngineCore:
         return so
 
     def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        with self.tracer.span("update", track="engine", step=so.step_id):
-            return self.scheduler.update_from_output(so, out)
+        with self.tracer.span("update", track="engine", step=so.step_id) as span:
+            results = self.scheduler.update_from_output(so, out)
+            # Proposed / accepted per step as the scheduler committed them (the trace analysis reads these).
+            span.args["drafts"] = sum(o.num_draft_tokens for o in results)
+            span.args["accepted"] = sum(o.num_accepted_tokens for o in results)
+            return results
 
     def _wait(self, so: SchedulerOutput, fut: Future[ModelRunnerOutput]) -> ModelRunnerOutput:
         with self.tracer.span("wait_output", track="wait", step=so.step_id):

@@ -144,6 +144,8 @@ class LLM:
                     f"got {len(params)} sampling_params for {len(plist)} prompts"
                 )
         made = self._make_requests(plist, params)
+        if self.config.observability.trace_file:
+            self._engine.tracer.clear()  # the trace file holds this call's steps
         self._add(made)
         done: dict[str, FrontRequest] = {}
         bar = _progress(len(made), use_tqdm)
@@ -186,8 +188,36 @@ class LLM:
         if delta:
             yield delta
 
+    # -- step-level API (like vLLM's LLMEngine): add requests any time, step, read what changed --------
+    def add_request(self, prompt: PromptInput, sampling_params: SamplingParams | None = None) -> str:
+        """Validate and enqueue one request (n must be 1); returns its id. Drive it with :meth:`step`."""
+        params = sampling_params or SamplingParams()
+        if params.n != 1:
+            raise ValueError("add_request supports n=1 only; use generate for n > 1")
+        made = self._make_requests(normalize_prompts(prompt)[:1], [params])
+        self._add(made)
+        return made[0][0].request_id
+
+    def step(self) -> list[FrontRequest]:
+        """One engine step; returns the requests it changed (finished ones are then forgotten)."""
+        changed = self._pump()
+        for fr in changed:
+            if fr.finished:
+                self._out.pop(fr.req_id)
+        return changed
+
+    def abort_request(self, req_ids: list[str]) -> None:
+        self._engine.core.abort_requests(req_ids)
+        for rid in req_ids:
+            self._out.pop(rid)
+
+    def has_unfinished_requests(self) -> bool:
+        return self._engine.core.has_unfinished_requests()
+
     def _add(self, made: list[MadeRequest]) -> None:
         core = self._engine.core
+        if core.failed is not None:
+            raise EngineDeadError(f"the engine failed: {core.failed}")
         now = time.monotonic()
         for req, prompt, index, _ in made:
             req.arrival_time = now

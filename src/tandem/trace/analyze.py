@@ -4,7 +4,8 @@ Per step N (ids come from the span args):
 - ``execute`` (track ``device``): the step's device window on the worker;
 - ``schedule`` (track ``engine``): the host's scheduling of the step; ``update``: applying its output;
 - ``prepare_inputs`` (track ``device``): the worker's input preparation for the step;
-- waits (track ``wait``): the host blocked on the step's output.
+- waits (track ``wait``): the host blocked on the step's output, the worker on accepted counts;
+- ``update`` args: draft tokens proposed and accepted in the step, as the scheduler committed them.
 
 Derived:
 - **schedule overlap** of step N: the share of ``schedule(N)`` inside ``execute(N-1)`` — the host planning the
@@ -125,13 +126,13 @@ def analyze_spans(spans: list[Span], steady_reqs: int | None = None) -> TraceAna
             f.tokens = int(s.args.get("tokens", 0))
         elif s.name == "execute":
             f.execute_ns = window
-            f.drafts = int(s.args.get("drafts", 0))
-            f.accepted = int(s.args.get("accepted", 0))
             executes.append(window)
         elif s.name == "prepare_inputs":
             f.prepare_ns = window
         elif s.name == "update":
             f.update_ns = window
+            f.drafts = int(s.args.get("drafts", 0))
+            f.accepted = int(s.args.get("accepted", 0))
         elif s.track == "wait":
             f.wait_ns = window
             waits_raw.append(s)
