@@ -1,7 +1,9 @@
 """Tracer cost: the same decode workload with the tracer off (NullTracer) and on, interleaved.
 
 Drives the engine with ``LLM.add_request`` / ``LLM.step`` so the timed region excludes writing the
-trace file. Reports output tok/s per arm (median of repeats) and the on/off ratio.
+trace file. Reports output tok/s per arm (median of repeats) and the on/off ratio. Because this VM's
+speed drifts by more than the tracer could cost, it also measures the cost of one span directly
+(Tracer vs NullTracer, a million spans) and multiplies it by the spans recorded per step.
 
     python benchmarks/bench_trace.py --json benchmarks/results/trace_cost.json
 """
@@ -36,6 +38,19 @@ def _run(llm: LLM, prompts: list[str], params: SamplingParams) -> tuple[float, i
     return time.perf_counter() - t0, tokens
 
 
+def span_cost_ns(n: int = 200_000) -> dict[str, float]:
+    from tandem.trace.tracer import NULL_TRACER, Tracer
+
+    out = {}
+    for name, tracer in (("off", NULL_TRACER), ("on", Tracer())):
+        t0 = time.perf_counter_ns()
+        for i in range(n):
+            with tracer.span("forward", track="device", step=i) as sp:
+                sp.args["tokens"] = 8
+        out[name] = (time.perf_counter_ns() - t0) / n
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
@@ -62,16 +77,28 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(dt)
                 if name == "on":
                     spans = len(llm.engine.tracer.spans)
+                    steps = sum(1 for sp in llm.engine.tracer.spans if sp.name == "execute")
                 bar.update(1)
         for llm in llms.values():
             llm.shutdown()
         off, on = median(times["off"]), median(times["on"])
         out["results"].append({
             "concurrency": c, "tokens": tokens, "off_tok_s": tokens / off, "on_tok_s": tokens / on,
-            "cost_pct": 100 * (on / off - 1), "spans_per_run": spans,
+            "cost_pct": 100 * (on / off - 1), "spans_per_run": spans, "steps_per_run": steps,
             "off_runs_s": times["off"], "on_runs_s": times["on"],
         })
     bar.close()
+    per_span = span_cost_ns()
+    out["span_cost_ns"] = per_span
+    for r in out["results"]:
+        per_step = r["spans_per_run"] / max(1, r["steps_per_run"])
+        step_ns = 1e9 * median(r["on_runs_s"]) / max(1, r["steps_per_run"])
+        r["spans_per_step"] = per_step
+        r["span_overhead_pct_per_step"] = 100 * per_step * (per_span["on"] - per_span["off"]) / step_ns
+    print(f"span cost: off {per_span['off']:.0f} ns, on {per_span['on']:.0f} ns")
+    for r in out["results"]:
+        print(f"concurrency {r['concurrency']}: tracing adds {r['span_overhead_pct_per_step']:.4f} % "
+              f"of a step ({r['spans_per_step']:.1f} spans per step)")
     print(f"\n{'conc':>5}{'off tok/s':>11}{'on tok/s':>10}{'cost %':>9}{'spans/run':>11}")
     for r in out["results"]:
         print(f"{r['concurrency']:>5}{r['off_tok_s']:>11.1f}{r['on_tok_s']:>10.1f}"

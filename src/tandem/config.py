@@ -169,6 +169,9 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     worker_threads: int | None = None  # torch threads in the worker; None = all cores
+    # ``ray`` executor: an existing cluster ("auto", "ray://host:port", "host:port"); None = the
+    # RAY_ADDRESS environment variable, else a local cluster started on 127.0.0.1.
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.executor_backend, str) or not self.executor_backend:
@@ -176,6 +179,8 @@ class ParallelConfig:
         _positive("tensor_parallel_size", self.tensor_parallel_size)
         _positive("pipeline_parallel_size", self.pipeline_parallel_size)
         _positive("worker_threads", self.worker_threads, allow_none=True)
+        if self.ray_address is not None and not (isinstance(self.ray_address, str) and self.ray_address):
+            raise ValueError(f"ray_address must be a non-empty string or None, got {self.ray_address!r}")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ def test_bench_ab_report(tmp_path):
             assert key in s and set(s[key]) == {"median", "min", "max"}, key
         assert s["placeholders_left"]["max"] == 0 and s["errors"]["max"] == 0
         assert s["proposed"]["median"] > 0
+        assert 1.0 <= s["mean_acceptance_length"]["median"] <= 4.0  # k = 3: bonus + at most 3
     assert doc["summary"]["A"]["schedule_overlap_ratio"]["median"] < 0.1
     assert doc["summary"]["B"]["schedule_overlap_ratio"]["median"] > 0.5
     assert doc["summary"]["C"]["wait_accepted_counts_ms"]["max"] == 0

@@ -113,6 +113,7 @@ def run_once(llm: Any, requests: list[BenchRequest], params: Any, concurrency: i
     res.analysis = analysis.summary
     res.steps = [
         {"step": s.step, "reqs": s.reqs, "drafts": s.drafts, "accepted": s.accepted,
+         "verifies": s.verifies,
          "rejected": s.rejected, "execute_ms": s.execute_ms, "overlap": s.schedule_overlap,
          "device_gap_ms": s.device_gap_ms}
         for s in analysis.steps

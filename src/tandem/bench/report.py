@@ -25,7 +25,7 @@ def _run_metrics(run: Any) -> dict[str, float]:
     steps = run.steps
     drafts = sum(s["drafts"] for s in steps)
     accepted = sum(s["accepted"] for s in steps)
-    verify_steps = sum(1 for s in steps if s["drafts"])
+    verifies = sum(s.get("verifies", 0) for s in steps)
     walls = [s["execute_ms"] + (s["device_gap_ms"] or 0.0) for s in steps if s["execute_ms"]]
     waits = a.get("waits", {})
     m = {
@@ -51,7 +51,7 @@ def _run_metrics(run: Any) -> dict[str, float]:
         "accepted": float(accepted),
         "rejected": float(drafts - accepted),
         "acceptance_rate": accepted / drafts if drafts else float("nan"),
-        "mean_acceptance_length": 1 + accepted / verify_steps if verify_steps else float("nan"),
+        "mean_acceptance_length": 1 + accepted / verifies if verifies else float("nan"),
         "preemptions": float(run.preemptions),
         "errors": float(run.errors),
         "placeholders_left": float(run.placeholders_left),

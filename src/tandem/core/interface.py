@@ -89,6 +89,9 @@ class ModelRunnerOutput:
     # proposer could not fill, or trimmed by max_tokens / max_model_len); feeds the acceptance stats so
     # they are identical with async on and off. None: every scheduled slot was a real draft.
     num_valid_drafts: list[int] | None = None
+    # Per request, drafts a structured-output grammar refused (cut before verification, not counted
+    # in num_valid_drafts). None: none this step.
+    num_invalid_spec_tokens: list[int] | None = None
     logprobs: list[list[TokenLogprobs]] | None = None
     # req_id -> per-prompt-token logprobs (first entry None: nothing predicts the first token).
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)

@@ -334,8 +334,11 @@ class Scheduler:
         num_valid = step.num_drafts
         if out.num_valid_drafts is not None and idx is not None:
             num_valid = out.num_valid_drafts[idx]
-        req.spec_stats.observe(num_valid, num_accepted)
-        self.counters.spec.observe(num_valid, num_accepted)
+        num_invalid = 0
+        if out.num_invalid_spec_tokens is not None and idx is not None:
+            num_invalid = out.num_invalid_spec_tokens[idx]
+        req.spec_stats.observe(num_valid, num_accepted, num_invalid)
+        self.counters.spec.observe(num_valid, num_accepted, num_invalid)
         logprobs = out.logprobs[idx] if out.logprobs is not None and idx is not None else None
 
         new_tokens: list[int] = []

@@ -13,8 +13,11 @@ class SpecDecodingStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    # Drafts a structured-output grammar refused before verification (not in num_draft_tokens).
+    num_invalid_spec_tokens: int = 0
 
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def observe(self, num_draft_tokens: int, num_accepted: int, num_invalid: int = 0) -> None:
+        self.num_invalid_spec_tokens += num_invalid
         if num_draft_tokens <= 0:
             return
         self.num_drafts += 1
@@ -39,6 +42,7 @@ class SpecDecodingStats:
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "accepted_per_pos": list(self.accepted_per_pos),
+            "num_invalid_spec_tokens": self.num_invalid_spec_tokens,
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
         }

@@ -28,6 +28,7 @@ from typing import Any
 from tandem.async_decision import AsyncSchedulingDecision
 from tandem.core.request import RequestStatus
 from tandem.engine.builder import Engine, build_engine
+from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.engine.llm import EngineDeadError, config_from_kwargs
 from tandem.engine.metrics import Metric, collect_metrics
 from tandem.engine.output_processor import FrontRequest, OutputProcessor
@@ -110,7 +111,8 @@ class RequestStream:
 class AsyncLLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
         self.config = config_from_kwargs(model, **kwargs)
-        self.engine: Engine = build_engine(self.config)
+        tracer: Tracer = Tracer() if self.config.observability.trace_file else NULL_TRACER
+        self.engine: Engine = build_engine(self.config, tracer)
         self.tokenizer = self.engine.tokenizer
         self.factory = RequestFactory(self.engine, self.config.model.seed)
         self._out = OutputProcessor(self.tokenizer)
@@ -304,6 +306,9 @@ class AsyncLLM:
         if self._streams:
             self._die("the engine was shut down")
         self.engine.core.shutdown()
+        path = self.config.observability.trace_file
+        if path and self.engine.tracer.enabled:
+            self.engine.tracer.save(path)  # the whole serving session, for Perfetto / trace analyze
 
 
 def _delta(fr: FrontRequest, index: int) -> RequestDelta:

@@ -26,6 +26,7 @@ from tandem.model.loader import load_tokenizer
 from tandem.model.loader.model_info import load_model_args
 from tandem.model.loader.tokenizer import Tokenizer
 from tandem.model.model_args import ModelArgs
+from tandem.model.parallel import ShardPlan
 from tandem.spec_decode.factory import get_proposer_class
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.worker import WorkerSpec
@@ -48,6 +49,7 @@ class EnginePlan:
             "dtype": self.config.model.resolved_dtype(),
             "device": self.config.model.device,
             "executor_backend": self.config.parallel.executor_backend,
+            "tensor_parallel_size": self.config.parallel.tensor_parallel_size,
             "speculative_config": (
                 None if self.config.speculative is None else self.config.speculative.__dict__
             ),
@@ -85,10 +87,19 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
     args = args or load_model_args(config.model.model)
     from tandem.worker.worker import DTYPES
 
+    tp = config.parallel.tensor_parallel_size
+    if tp > 1 and not get_executor_class(config.parallel.executor_backend).SUPPORTS_TENSOR_PARALLEL:
+        raise ValueError(
+            f"tensor_parallel_size={tp} needs one worker process per rank: executor_backend "
+            f"{config.parallel.executor_backend!r} runs one; use 'mp' or 'ray'"
+        )
+    # Every rank's slices (raises naming a dimension that cannot be split); the KV cache budget is
+    # per rank and rank 0 holds the most KV heads.
+    shard = ShardPlan.all_ranks(args, tp)[0]
     bpb = KVCache.bytes_per_block(
         args.num_hidden_layers,
         config.cache.block_size,
-        args.num_key_value_heads,
+        shard.num_kv_heads,
         args.head_dim,
         DTYPES[config.model.resolved_dtype()],
     )

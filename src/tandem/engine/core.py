@@ -94,6 +94,7 @@ class EngineCore:
             # Proposed / accepted per step as the scheduler committed them (the trace analysis reads these).
             span.args["drafts"] = sum(o.num_draft_tokens for o in results)
             span.args["accepted"] = sum(o.num_accepted_tokens for o in results)
+            span.args["verifies"] = sum(1 for o in results if o.num_draft_tokens)
             return results
 
     def _wait(self, so: SchedulerOutput, fut: Future[ModelRunnerOutput]) -> ModelRunnerOutput:

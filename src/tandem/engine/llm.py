@@ -33,7 +33,7 @@ _LLM_ARGS = (
     "tokenizer dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
     "enable_prefix_caching num_kv_blocks kv_cache_memory async_scheduling executor_backend "
     "speculative_config worker_threads debug_invariants trace_file tensor_parallel_size "
-    "deferred_reconciliation"
+    "deferred_reconciliation ray_address"
 ).split()
 
 
@@ -77,6 +77,7 @@ def config_from_kwargs(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
             executor_backend=kw.get("executor_backend") or "uni",
             tensor_parallel_size=kw.get("tensor_parallel_size") or 1,
             worker_threads=kw.get("worker_threads"),
+            ray_address=kw.get("ray_address"),
         ),
         speculative=SpeculativeConfig.from_any(kw.get("speculative_config")),
         observability=ObservabilityConfig(debug_invariants=debug, trace_file=kw.get("trace_file")),

@@ -37,6 +37,9 @@ def collect_metrics(engine: Engine) -> list[Metric]:
         Metric("tandem:spec_decode_num_draft_tokens", spec.num_draft_tokens, "counter"),
         Metric("tandem:spec_decode_num_accepted_tokens", spec.num_accepted_tokens, "counter"),
         Metric(
+            "tandem:spec_decode_num_invalid_spec_tokens", spec.num_invalid_spec_tokens, "counter"
+        ),
+        Metric(
             "tandem:spec_decode_num_accepted_tokens_per_pos",
             float(sum(spec.accepted_per_pos)),
             "vector",

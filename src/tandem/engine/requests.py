@@ -15,6 +15,7 @@ from tandem.core.request import Request
 from tandem.engine.builder import Engine
 from tandem.engine.prompts import Prompt
 from tandem.sampling_params import SamplingParams
+from tandem.structured.grammar import check_structured_outputs
 
 
 class MadeRequest(NamedTuple):
@@ -73,6 +74,7 @@ class RequestFactory:
         checked = []
         for prompt, sp in zip(prompts, params):
             sp.check_vocab(self.vocab_size)
+            check_structured_outputs(sp.structured_outputs)  # a bad schema / regex / EBNF: 400
             checked.append(self.prompt_ids(prompt))
         made = []
         for j, (prompt, sp, ids) in enumerate(zip(prompts, params, checked)):

@@ -39,9 +39,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--distributed-executor-backend",
         dest="executor_backend",
         default="uni",
-        help="uni (worker thread) | mp (worker process)",
+        help="uni (worker thread) | mp (worker processes) | ray (Ray actors)",
     )
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    g.add_argument(
+        "--ray-address", default=None,
+        help="ray executor: address of an existing cluster; default $RAY_ADDRESS, else a local one",
+    )
     g.add_argument("--speculative-config", default=None, help="JSON, vLLM's keys")
     g.add_argument("--worker-threads", type=int, default=None, help="torch threads in the worker")
     g.add_argument("--debug-invariants", action="store_true", help="check invariants every step")
@@ -51,7 +55,7 @@ def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
         "num_kv_blocks kv_cache_memory enable_prefix_caching async_scheduling executor_backend "
-        "tensor_parallel_size speculative_config worker_threads deferred_reconciliation"
+        "tensor_parallel_size speculative_config worker_threads deferred_reconciliation ray_address"
     ).split()
     kw = {k: getattr(ns, k) for k in keys}
     kw["debug_invariants"] = True if ns.debug_invariants else None

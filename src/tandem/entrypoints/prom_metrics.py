@@ -84,6 +84,7 @@ _HELP = {
     "tandem:spec_decode_num_drafts": "Verify steps that carried drafts.",
     "tandem:spec_decode_num_draft_tokens": "Draft tokens verified.",
     "tandem:spec_decode_num_accepted_tokens": "Draft tokens accepted.",
+    "tandem:spec_decode_num_invalid_spec_tokens": "Draft tokens cut by a structured-output grammar.",
     "tandem:spec_decode_num_accepted_tokens_per_pos": "Draft tokens accepted, by draft position.",
     "tandem:async_scheduling_info": "The async scheduling decision: requested, resolved, reason.",
 }

@@ -90,4 +90,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=["critical", "error", "warning", "info", "debug", "trace"],
     )
     g.add_argument("--disable-uvicorn-access-log", action="store_true")
+    g.add_argument("--trace", default=None, help="write a Chrome trace of the session on shutdown")
     p.set_defaults(func=cmd_serve)

@@ -7,9 +7,11 @@ from tandem.executor.base import Executor, ExecutorError
 
 def executor_classes() -> dict[str, type[Executor]]:
     from tandem.executor.multiproc import MultiprocExecutor
+    from tandem.executor.ray_executor import RayExecutor  # imports ray only when built
     from tandem.executor.uniproc import InlineExecutor, UniProcExecutor
 
-    return {cls.name: cls for cls in (UniProcExecutor, MultiprocExecutor, InlineExecutor)}
+    classes = (UniProcExecutor, MultiprocExecutor, RayExecutor, InlineExecutor)
+    return {cls.name: cls for cls in classes}
 
 
 def get_executor_class(name: str) -> type[Executor]:

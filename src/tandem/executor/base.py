@@ -27,6 +27,7 @@ class Executor(ABC):
     name: ClassVar[str]
     SUPPORTS_ASYNC_SCHEDULING: ClassVar[bool] = False
     ASYNC_FIX: ClassVar[str] = "use executor_backend 'uni' or 'mp'"
+    SUPPORTS_TENSOR_PARALLEL: ClassVar[bool] = False  # one worker per rank (tensor_parallel_size > 1)
 
     @classmethod
     def async_capability(cls) -> AsyncCapability:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
+from tandem.distributed.fanout import rank_reply
 from tandem.trace.tracer import NULL_TRACER, Span, Tracer
 from tandem.worker.worker import WorkerSpec
 
@@ -57,7 +58,9 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
 
     from tandem.worker.worker import build_runner
 
-    torch.set_num_threads(worker_threads(spec.config.parallel.worker_threads))
+    parallel = spec.config.parallel
+    torch.set_num_threads(worker_threads(parallel.worker_threads, parallel.tensor_parallel_size))
+    check_lockstep = spec.config.observability.debug_invariants
     tracer = Tracer("tandem-worker") if spec.trace else NULL_TRACER
     try:
         runner = build_runner(spec, tracer=tracer)
@@ -88,7 +91,10 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
             item = outbox.get()
             if item is None:
                 return
-            if isinstance(item, Result) and not isinstance(item.output, ModelRunnerOutput):
+            if isinstance(item, Result) and spec.tp_rank > 0:
+                # Tensor parallelism: rank 0 reports the step, the others acknowledge it.
+                item = rank_reply(item.output, spec.tp_rank, check_lockstep)
+            elif isinstance(item, Result) and not isinstance(item.output, ModelRunnerOutput):
                 item = Result(item.output.materialize(), item.spans)  # host copy off the main loop
             try:
                 conn.send(item)
@@ -115,12 +121,13 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
         sender.join(5)
 
 
-def worker_threads(requested: int | None) -> int:
+def worker_threads(requested: int | None, num_ranks: int = 1) -> int:
     """Torch threads in the worker process: as asked, else all cores but one, which is left to the
-    engine process (its host work would otherwise preempt a torch thread and stall the others)."""
+    engine process (its host work would otherwise preempt a torch thread and stall the others),
+    shared evenly by the tensor-parallel ranks (2 ranks on 2 cores: one thread each)."""
     if requested:
         return requested
-    return max(1, (os.cpu_count() or 2) - 1)
+    return max(1, ((os.cpu_count() or 2) - 1) // num_ranks)
 
 
 def main() -> None:

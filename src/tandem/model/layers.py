@@ -16,9 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.distributed.communicator import SINGLE_RANK, Communicator
 from tandem.model.attention import AttentionBackend
 from tandem.model.linear import LinearKernels
 from tandem.model.model_args import ModelArgs
+from tandem.model.parallel import ShardPlan, row_parallel_add
 from tandem.model.rope import apply_rope
 from tandem.model.weights import LayerWeights
 
@@ -55,14 +57,15 @@ class DecoderLayer(nn.Module):
         weights: LayerWeights,
         backend: AttentionBackend,
         linear: LinearKernels,
+        shard: ShardPlan | None = None,
+        comm: Communicator = SINGLE_RANK,
     ) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = (
-            args.num_attention_heads,
-            args.num_key_value_heads,
-            args.head_dim,
-        )
-        self.intermediate = args.intermediate_size
+        # Under tensor parallelism this rank's heads and intermediate slice (model/parallel.py).
+        shard = shard if shard is not None else ShardPlan.single(args)
+        self.heads, self.kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, args.head_dim
+        self.intermediate = shard.ffn_size
+        self.comm = comm
         self.eps = args.rms_norm_eps
         self.scale = args.head_dim**-0.5
         self.backend = backend
@@ -84,15 +87,13 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """``x`` is the residual stream ``[T, hidden]``; returns the stream after this layer."""
         attn = self._attention(unit_rms(x, ctx.eps_root), ctx, k_cache, v_cache)
-        # Each residual add is fused into the projection that feeds it.
+        # Each residual add is fused into the projection that feeds it; o_proj and down are
+        # row-parallel (one all-reduce each under tensor parallelism, none for one rank).
         mm = self.linear
-        if self.o_bias is None:
-            x = mm.linear_add(x, attn, self.o_proj)
-        else:
-            x = x + mm.linear(attn, self.o_proj, self.o_bias)
+        x = row_parallel_add(mm, x, attn, self.o_proj, self.o_bias, self.comm)
         gate_up = mm.linear(unit_rms(x, ctx.eps_root), self.gate_up)
         gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]
-        return mm.linear_add(x, F.silu(gate).mul_(up), self.down)
+        return row_parallel_add(mm, x, F.silu(gate).mul_(up), self.down, None, self.comm)
 
     def _attention(
         self, h: torch.Tensor, ctx: LayerContext, k_cache: torch.Tensor, v_cache: torch.Tensor

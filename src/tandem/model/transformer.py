@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from tandem.distributed.communicator import SINGLE_RANK, Communicator
 from tandem.model.attention import (
     DEFAULT_ATTENTION_BACKEND,
     AttentionBackend,
@@ -24,6 +24,7 @@ from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.layers import DecoderLayer, LayerContext, unit_rms
 from tandem.model.linear import LinearKernels, create_linear_kernels, default_linear_kernels
 from tandem.model.model_args import ModelArgs
+from tandem.model.parallel import ShardPlan, gather_vocab_logits, vocab_parallel_embedding
 from tandem.model.rope import rope_inv_freq, rotation_table
 from tandem.model.weights import ModelWeights, prepare_weights
 
@@ -36,7 +37,13 @@ class ModelOutput:
 
 
 class CausalLM(nn.Module):
-    """Llama / Qwen2 / Qwen3 decoder-only model. Build with :meth:`from_tensors`."""
+    """Llama / Qwen2 / Qwen3 decoder-only model. Build with :meth:`from_tensors`.
+
+    Under tensor parallelism (``comm`` of more than one rank) the instance is one rank's shard:
+    ``weights`` hold the rank's slices (``self.shard``), ``forward`` and ``compute_logits`` are
+    collectives every rank calls in the same order, and both return full, identical tensors on every
+    rank (model/parallel.py). ``args`` stays the whole model's.
+    """
 
     def __init__(
         self,
@@ -44,9 +51,12 @@ class CausalLM(nn.Module):
         weights: ModelWeights,
         backend: AttentionBackend,
         linear: LinearKernels,
+        comm: Communicator = SINGLE_RANK,
     ) -> None:
         super().__init__()
         self._args = args
+        self.comm = comm
+        self.shard = ShardPlan.build(args, comm.world_size, comm.rank)
         self.attn_backend = backend
         self.linear = linear
         self.embed_tokens = nn.Parameter(weights.embed, requires_grad=False)
@@ -57,7 +67,7 @@ class CausalLM(nn.Module):
             else nn.Parameter(weights.lm_head, requires_grad=False)
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(args, lw, backend, linear) for lw in weights.layers
+            DecoderLayer(args, lw, backend, linear, self.shard, comm) for lw in weights.layers
         )
         self.norm = nn.Parameter(weights.norm, requires_grad=False)
         inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
@@ -81,11 +91,13 @@ class CausalLM(nn.Module):
         device: torch.device | str = "cpu",
         attn_backend: str | AttentionBackend = DEFAULT_ATTENTION_BACKEND,
         linear_kernels: str | None = None,
+        comm: Communicator = SINGLE_RANK,
     ) -> CausalLM:
         """Build from Hugging Face-named tensors; raises ``ValueError`` naming any bad tensor.
 
         ``attn_backend`` names a registered attention backend (or is one); ``linear_kernels`` names
-        the matrix-product formulations (default: ``cpu`` on CPU, ``torch`` elsewhere).
+        the matrix-product formulations (default: ``cpu`` on CPU, ``torch`` elsewhere). ``comm``: this
+        rank's tensor-parallel communicator (only the rank's weight slices are kept).
         """
         if not dtype.is_floating_point:
             raise ValueError(f"model dtype must be floating point, got {dtype}")
@@ -95,7 +107,9 @@ class CausalLM(nn.Module):
             else attn_backend
         )
         linear = create_linear_kernels(linear_kernels or default_linear_kernels(device))
-        return cls(args, prepare_weights(args, tensors, dtype, device), backend, linear)
+        shard = ShardPlan.build(args, comm.world_size, comm.rank)
+        weights = prepare_weights(args, tensors, dtype, device, shard)
+        return cls(args, weights, backend, linear, comm)
 
     @property
     def args(self) -> ModelArgs:
@@ -114,7 +128,7 @@ class CausalLM(nn.Module):
         return self.embed_tokens.device
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.embed_tokens)
+        return vocab_parallel_embedding(ids, self.embed_tokens, self.shard, self.comm)
 
     @torch.inference_mode()
     def forward(
@@ -148,7 +162,8 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, hidden]`` -> float32 logits ``[N, vocab]``."""
-        return self.linear.linear(hidden, self.lm_head).float()
+        local = self.linear.linear(hidden, self.lm_head).float()
+        return gather_vocab_logits(local, self.shard, self.comm)
 
     def _check_cache(self, kv_cache: KVCache) -> None:
         args = self._args
@@ -158,10 +173,10 @@ class CausalLM(nn.Module):
                 f"model has {self.num_layers}"
             )
         tail = tuple(kv_cache.k[0].shape[2:])
-        if tail != (args.num_key_value_heads, args.head_dim):
+        if tail != (self.shard.num_kv_heads, args.head_dim):
             raise ValueError(
                 f"kv_cache.k[0] has shape {tuple(kv_cache.k[0].shape)}; expected "
-                f"[blocks, block_size, {args.num_key_value_heads}, {args.head_dim}]"
+                f"[blocks, block_size, {self.shard.num_kv_heads}, {args.head_dim}]"
             )
         if kv_cache.k[0].dtype != self.dtype:
             raise ValueError(

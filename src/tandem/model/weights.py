@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.model.model_args import ModelArgs
+from tandem.model.parallel import ShardPlan
 from tandem.model.rope import interleave_heads
 
 # Tensors some checkpoints carry that the model recomputes and never reads.
@@ -117,11 +118,15 @@ def prepare_weights(
     tensors: Mapping[str, torch.Tensor],
     dtype: torch.dtype,
     device: torch.device | str,
+    shard: ShardPlan | None = None,
 ) -> ModelWeights:
     """Validate, fuse, permute and fold in float32, then convert to ``dtype`` on ``device`` (so each
-    weight is rounded once). Returns contiguous tensors."""
+    weight is rounded once). Returns contiguous tensors. With a tensor-parallel ``shard``, only the
+    rank's slices (model/parallel.py); the default one-rank plan slices nothing."""
     validate(args, tensors)
     heads, kv_heads, hd = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+    s = shard if shard is not None else ShardPlan.single(args)
+    qs, kvs, fs = s.q_rows(hd), s.kv_rows(hd), s.ffn_rows
 
     def get(name: str) -> torch.Tensor:
         return tensors[name].to(device=device, dtype=torch.float32)
@@ -137,19 +142,19 @@ def prepare_weights(
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        q = interleave_heads(get(a + "q_proj.weight"), heads, hd)
-        k = interleave_heads(get(a + "k_proj.weight"), kv_heads, hd)
-        qkv = torch.cat([q, k, get(a + "v_proj.weight")]) * gain(p + "input_layernorm.weight")
-        gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+        q = interleave_heads(get(a + "q_proj.weight"), heads, hd)[qs]
+        k = interleave_heads(get(a + "k_proj.weight"), kv_heads, hd)[kvs]
+        qkv = torch.cat([q, k, get(a + "v_proj.weight")[kvs]]) * gain(p + "input_layernorm.weight")
+        gate_up = torch.cat([get(p + "mlp.gate_proj.weight")[fs], get(p + "mlp.up_proj.weight")[fs]])
         qkv_bias = qk_norm = o_bias = None
         if args.attention_bias:
-            qb = interleave_heads(get(a + "q_proj.bias"), heads, hd)
-            kb = interleave_heads(get(a + "k_proj.bias"), kv_heads, hd)
-            qkv_bias = out(torch.cat([qb, kb, get(a + "v_proj.bias")]))
+            qb = interleave_heads(get(a + "q_proj.bias"), heads, hd)[qs]
+            kb = interleave_heads(get(a + "k_proj.bias"), kv_heads, hd)[kvs]
+            qkv_bias = out(torch.cat([qb, kb, get(a + "v_proj.bias")[kvs]]))
         if args.qk_norm:
             qn = interleave_heads(get(a + "q_norm.weight"), 1, hd)
             kn = interleave_heads(get(a + "k_norm.weight"), 1, hd)
-            qk_norm = out(torch.cat([qn.expand(heads, hd), kn.expand(kv_heads, hd)]))
+            qk_norm = out(torch.cat([qn.expand(s.num_heads, hd), kn.expand(s.num_kv_heads, hd)]))
         if a + "o_proj.bias" in tensors:
             o_bias = out(get(a + "o_proj.bias"))
         layers.append(
@@ -157,15 +162,15 @@ def prepare_weights(
                 qkv=out(qkv),
                 qkv_bias=qkv_bias,
                 qk_norm=qk_norm,
-                o_proj=out(get(a + "o_proj.weight")),
+                o_proj=out(get(a + "o_proj.weight")[:, qs]),
                 o_bias=o_bias,
                 gate_up=out(gate_up * gain(p + "post_attention_layernorm.weight")),
-                down=out(get(p + "mlp.down_proj.weight")),
+                down=out(get(p + "mlp.down_proj.weight")[:, fs]),
             )
         )
     return ModelWeights(
-        embed=out(get("model.embed_tokens.weight")),
+        embed=out(get("model.embed_tokens.weight")[s.vocab_rows]),
         layers=tuple(layers),
         norm=out(gain("model.norm.weight")),
-        lm_head=None if args.tie_word_embeddings else out(get("lm_head.weight")),
+        lm_head=None if args.tie_word_embeddings else out(get("lm_head.weight")[s.vocab_rows]),
     )

@@ -4,7 +4,7 @@ Each returns a new tensor and leaves its input alone. Masked tokens are set to `
 applies them in vLLM's order:
 
 1. allowed_token_ids whitelist and logit_bias,
-2. min_tokens ban of EOS / stop ids,
+2. min_tokens ban of EOS / stop ids, then the bad-words ban (``bad_words.py``; same masking),
 3. penalties (repetition, then frequency, then presence)   — greedy rows take the argmax here,
 4. temperature,
 5. min_p,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.sample.bad_words import BadWordIds, banned_tokens
 from tandem.sample.rng import make_generator, position_key
 from tandem.sampling_params import SamplingParams
 
@@ -47,6 +48,8 @@ class RowSpec:
     ``output_token_ids`` is the row's context for penalties and may hold negative placeholders,
     which are ignored. ``eos_token_ids`` are the model's EOS ids, masked together with
     ``stop_token_ids`` while fewer than ``min_tokens`` outputs exist (unless ``ignore_eos``).
+    ``bad_words_token_ids`` are the request's bad words as token sequences (``bad_words.py``),
+    matched against ``output_token_ids``.
     """
 
     params: SamplingParams
@@ -55,6 +58,7 @@ class RowSpec:
     seed: int
     position: int
     eos_token_ids: Sequence[int] = ()
+    bad_words_token_ids: BadWordIds = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class SamplingMetadata:
     logit_bias: TokenBias | None
     allowed: AllowedTokens | None
     min_tokens_ban: BannedTokens | None
+    bad_words_ban: BannedTokens | None = None
 
     def generators(self) -> list[torch.Generator | None]:
         """Fresh position-keyed generators for the random rows (None for greedy rows).
@@ -188,6 +193,7 @@ class SamplingMetadata:
             logit_bias=_logit_bias(params, device),
             allowed=_allowed(params, vocab_size, device),
             min_tokens_ban=_min_tokens_ban(rows, device),
+            bad_words_ban=_bad_words_ban(rows, device),
         )
 
 
@@ -263,6 +269,23 @@ def _min_tokens_ban(rows: Sequence[RowSpec], device: torch.device) -> BannedToke
                 f"min_tokens={p.min_tokens}"
             )
         pairs.extend((i, tid) for tid in sorted(banned))
+    if not pairs:
+        return None
+    ban_rows, ban_tids = zip(*pairs)
+    return BannedTokens(
+        rows=to_device(ban_rows, torch.int64, device),
+        token_ids=to_device(ban_tids, torch.int64, device),
+    )
+
+
+def _bad_words_ban(rows: Sequence[RowSpec], device: torch.device) -> BannedTokens | None:
+    """The last token of every bad word whose other tokens end the row's context."""
+    pairs = [
+        (i, tid)
+        for i, row in enumerate(rows)
+        if row.bad_words_token_ids
+        for tid in banned_tokens(row.output_token_ids, row.bad_words_token_ids)
+    ]
     if not pairs:
         return None
     ban_rows, ban_tids = zip(*pairs)

@@ -1,9 +1,9 @@
 """The sampler: one token per logits row, greedy or random, with optional logprobs.
 
 Pipeline for a ``[N, V]`` logits matrix (see ``logits_processors.py`` for the order and its
-reasons): raw logprobs (if asked) → whitelist / bias → min_tokens ban → penalties → greedy argmax →
-temperature → min_p → top-k / top-p → softmax → exponential race with the row's position-keyed
-generator (``rng.py``).
+reasons): raw logprobs (if asked) → whitelist / bias → min_tokens ban → bad words → penalties →
+greedy argmax → temperature → min_p → top-k / top-p → softmax → exponential race with the row's
+position-keyed generator (``rng.py``).
 
 Fast paths: a plain greedy batch is one argmax; a plain temperature batch is a division, a softmax
 and the race. Nothing here moves data to the host; the only host work is one generator per random
@@ -121,6 +121,8 @@ class Sampler:
             out = apply_min_tokens_mask(
                 out, meta.min_tokens_ban.rows, meta.min_tokens_ban.token_ids
             )
+        if meta.bad_words_ban is not None:  # the same sparse -inf ban, other token ids
+            out = apply_min_tokens_mask(out, meta.bad_words_ban.rows, meta.bad_words_ban.token_ids)
         if meta.penalties is not None:
             pen = meta.penalties
             out = apply_penalties(

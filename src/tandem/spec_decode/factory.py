@@ -18,6 +18,11 @@ def proposer_classes() -> dict[str, type[Proposer]]:
         classes[DraftModelProposer.method] = DraftModelProposer
     except ImportError:  # pragma: no cover - while a method is being built
         pass
+    from tandem.spec_decode.eagle import Eagle3Proposer, EagleProposer
+    from tandem.spec_decode.mtp import MtpProposer
+
+    for cls in (EagleProposer, Eagle3Proposer, MtpProposer):
+        classes[cls.method] = cls
     return classes
 
 

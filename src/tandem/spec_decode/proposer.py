@@ -59,6 +59,9 @@ class Proposer(ABC):
     # Whether the proposer writes its own KV at positions beyond the target's (draft models): the
     # scheduler then reserves k lookahead slots.
     needs_lookahead_slots: ClassVar[bool] = False
+    # Whether ``propose`` must also run on steps where no request samples (prefill chunks only), with
+    # no sampling requests in its input: drafters that keep their own KV from the target's features.
+    needs_prefill_steps: ClassVar[bool] = False
 
     def __init__(self, num_speculative_tokens: int) -> None:
         self.k = num_speculative_tokens

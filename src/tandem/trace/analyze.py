@@ -46,6 +46,7 @@ class StepFacts:
     wait_ns: tuple[int, int] | None = None
     drafts: int = 0
     accepted: int = 0
+    verifies: int = 0  # requests whose drafts were verified this step
     schedule_overlap: float | None = None
     host_overlap: float | None = None
     device_gap_ms: float | None = None
@@ -133,6 +134,7 @@ def analyze_spans(spans: list[Span], steady_reqs: int | None = None) -> TraceAna
             f.update_ns = window
             f.drafts = int(s.args.get("drafts", 0))
             f.accepted = int(s.args.get("accepted", 0))
+            f.verifies = int(s.args.get("verifies", 0))
         elif s.track == "wait":
             f.wait_ns = window
             waits_raw.append(s)
@@ -191,6 +193,7 @@ def _summarize(steps: list[StepFacts], waits: list[WaitFacts], steady_reqs: int 
         "step_wall_ms_p90": _pct(walls, 0.9),
         "drafts": sum(s.drafts for s in steps),
         "accepted": sum(s.accepted for s in steps),
+        "verifies": sum(s.verifies for s in steps),
         "waits": {
             name: {
                 "count": len(ws),

@@ -23,6 +23,7 @@ from tandem.model.transformer import CausalLM
 from tandem.sample import RejectionSampler, RowSpec, Sampler, SamplingMetadata
 from tandem.sample.sampler import LogprobsTensors, compute_logprobs
 from tandem.spec_decode.proposer import ProposeInput, Proposer
+from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.device_state import DeviceState
 from tandem.worker.input_prep import RequestPlan, StepInputs, prepare_inputs
@@ -44,6 +45,7 @@ class ModelRunner:
         proposer: Proposer | None = None,
         num_spec_tokens: int = 0,
         tracer: Tracer = NULL_TRACER,
+        structured: StructuredOutputManager | None = None,
     ) -> None:
         if deferred_reconciliation and not async_scheduling:
             raise ValueError("deferred_reconciliation needs async scheduling")
@@ -57,6 +59,10 @@ class ModelRunner:
         self.proposer = proposer
         self.k = num_spec_tokens if proposer is not None else 0
         self.tracer = tracer
+        # Grammars and bad-word ids. Matchers advance only in _apply_tokens (committed tokens), which
+        # runs before the next step samples in every mode (end of step, deferred reconcile, or a
+        # host-side drafter's early apply), so masks start from the committed state.
+        self.structured = structured
         self.device = model.device
         self.vocab_size = model.args.vocab_size
         self.states: dict[str, RequestState] = {}
@@ -75,8 +81,12 @@ class ModelRunner:
             self.dev.remove(rid)
         if gone and self.proposer is not None:
             self.proposer.remove_requests(gone)
+        if gone and self.structured is not None:
+            self.structured.remove_requests(gone)
         for nr in so.scheduled_new_reqs:
             st = RequestState.from_new(nr)
+            if self.structured is not None:  # a resumed request replays its committed outputs
+                self.structured.add_request(nr.req_id, nr.sampling_params, nr.output_token_ids)
             self.states[nr.req_id] = st
             self.dev.add(nr.req_id, st.all_tokens(), nr.num_computed_tokens, st.block_ids)
         for cr in so.scheduled_cached_reqs:
@@ -121,15 +131,17 @@ class ModelRunner:
         sampled = torch.empty(0, 1, dtype=torch.int64, device=self.device)
         lp: LogprobsTensors | None = None
         num_valid: list[int] = []
+        num_invalid: list[int] = []
         if sampling:
             assert logits is not None
             name = "rejection_sample" if any(p.num_slots for p in sampling) else "sample"
             with tr.span(name, track="device", step=so.step_id, reqs=len(sampling)) as span:
-                sampled, lp, num_valid = self._sample(step, sampling, logits)
+                sampled, lp, num_valid, num_invalid = self._sample(step, sampling, logits)
                 span.args["drafts"] = sum(num_valid)
         self._commit_on_device(step, sampled)
         drafts, applied = None, False
-        if self.k and sampling:
+        # A drafter with its own KV (EAGLE / MTP) also sees steps where no request samples.
+        if self.k and (sampling or self.proposer.needs_prefill_steps):  # type: ignore[union-attr]
             drafts, applied = self._propose(so.step_id, step, sampled, fwd)
         pending = PendingStep(
             step_id=so.step_id,
@@ -138,6 +150,7 @@ class ModelRunner:
             sampled=sampled,
             drafts=drafts,
             num_valid=num_valid,
+            num_invalid=num_invalid,
             logprobs=lp,
             prompt_logprobs=prompt_lp,
             send_drafts=not self.async_scheduling and self.k > 0,
@@ -157,38 +170,59 @@ class ModelRunner:
 
     def _sample(
         self, step: StepInputs, plans: list[RequestPlan], logits: torch.Tensor
-    ) -> tuple[torch.Tensor, LogprobsTensors | None, list[int]]:
-        rows, num_valid = [], []
+    ) -> tuple[torch.Tensor, LogprobsTensors | None, list[int], list[int]]:
+        """Sampled ids [B, K+1], logprobs, verified drafts and grammar-cut drafts per request."""
+        drafts_of: list[list[int]] = []  # per request: the drafts really verified, no -1
         for p in plans:
             st, drafts = p.state, self._host_drafts(p)
             valid = 0
             while valid < len(drafts) and drafts[valid] >= 0:
                 valid += 1
-            num_valid.append(min(valid, st.max_drafts(self.k, self.max_model_len)))
+            drafts_of.append(drafts[: min(valid, st.max_drafts(self.k, self.max_model_len))])
+        masks = None
+        if self.structured is not None:
+            # Grammar masks for every verify row; drafts the grammar refuses are cut (invalid).
+            masks = self.structured.verify_masks(
+                [p.req_id for p in plans], drafts_of, [p.num_slots + 1 for p in plans]
+            )
+        num_valid = masks.num_valid if masks is not None else [len(d) for d in drafts_of]
+        num_invalid = [len(d) - n for d, n in zip(drafts_of, num_valid)]
+        rows = []
+        for p, drafts, n_valid in zip(plans, drafts_of, num_valid):
+            st, drafts = p.state, drafts[:n_valid]
+            bad = (
+                self.structured.bad_words_ids(st.sampling_params.bad_words)
+                if self.structured is not None
+                else ()
+            )
             for j in range(p.num_slots + 1):
                 rows.append(
                     RowSpec(
                         params=st.sampling_params,
                         prompt_token_ids=st.prompt_token_ids,
+                        # context = committed outputs + the valid draft prefix; never a -1 slot
                         output_token_ids=st.output_token_ids + drafts[:j],
                         seed=st.seed,
                         position=len(st.output_token_ids) + j,
                         eos_token_ids=self.eos_token_ids,
+                        bad_words_token_ids=bad,
                     )
                 )
         idx = torch.tensor([step.row_to_logit[r] for p in plans for r in p.sample_rows])
         rows_logits = logits.index_select(0, idx.to(logits.device))
+        if masks is not None:
+            rows_logits = masks.apply(rows_logits)
         meta = SamplingMetadata.build(rows, self.vocab_size, logits.device)
         if not any(p.num_slots for p in plans):
             out = self.sampler(rows_logits, meta)
-            return out.sampled_token_ids.view(-1, 1), out.logprobs, num_valid
+            return out.sampled_token_ids.view(-1, 1), out.logprobs, num_valid, num_invalid
         # Fixed width k: the uniforms drawn per request must not depend on the batch.
         slots = torch.tensor([p.slot for p in plans], device=self.device)
         draft_ids = self.dev.drafts.index_select(0, slots)[:, : self.k].clone()
         keep = torch.arange(self.k, device=self.device) < torch.tensor(num_valid, device=self.device).unsqueeze(1)
         draft_ids = torch.where(keep, draft_ids, torch.full_like(draft_ids, -1))
         res = self.rejection_sampler(rows_logits, meta, draft_ids, [p.num_slots for p in plans])
-        return res.output_token_ids, res.logprobs, num_valid
+        return res.output_token_ids, res.logprobs, num_valid, num_invalid
 
     def _prompt_logprobs(
         self, step: StepInputs, logits: torch.Tensor
@@ -235,6 +269,8 @@ class ModelRunner:
                 continue  # finished or preempted meanwhile
             st.num_computed_tokens += p.num_known + len(toks) - 1
             st.output_token_ids.extend(toks)
+            if self.structured is not None:
+                self.structured.accept(p.req_id, toks)
 
     def _reconcile(self, pending: PendingStep) -> None:
         """Host mirror: append the step's sampled tokens, frontier by accepted count, keep the drafts."""
@@ -253,7 +289,7 @@ class ModelRunner:
         plans = step.sampling
         applied = False
         with self.tracer.span("propose", track="device", step=step_id, reqs=len(plans)):
-            slots = torch.tensor([p.slot for p in plans], device=self.device)
+            slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=self.device)
             hidden = {-1: fwd.hidden_states}  # type: ignore[attr-defined]
             for layer, h in zip(self.proposer.aux_hidden_layers, fwd.aux_hidden_states):  # type: ignore[attr-defined]
                 hidden[layer] = h

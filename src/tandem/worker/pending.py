@@ -39,6 +39,7 @@ class PendingStep:
     prompt_logprobs: dict[str, list[TokenLogprobs | None]]
     send_drafts: bool  # sync scheduling: drafts travel to the host scheduler
     tokens_applied: bool = False  # a host-side proposer already applied the tokens to the host mirror
+    num_invalid: list[int] | None = None  # drafts cut by a grammar, per sampling request
     _host: tuple[list[list[int]], list[list[int]] | None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _event: object = field(default=None, repr=False)
@@ -84,6 +85,11 @@ class PendingStep:
                 else None
             ),
             num_valid_drafts=[self.num_valid[by_req[r]] if r in by_req else 0 for r in self.req_ids],
+            num_invalid_spec_tokens=(
+                [self.num_invalid[by_req[r]] if r in by_req else 0 for r in self.req_ids]
+                if self.num_invalid and any(self.num_invalid)
+                else None
+            ),
             logprobs=(
                 [logprobs[by_req[r]] if r in by_req else [] for r in self.req_ids]
                 if logprobs is not None

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from tandem.config import EngineConfig
+from tandem.distributed.process_group import DistInit, connect
 from tandem.model.forward_batch import KVCache
-from tandem.model.loader import Checkpoint, load_checkpoint
+from tandem.model.loader import Checkpoint, load_checkpoint, load_tokenizer
 from tandem.model.transformer import CausalLM
 from tandem.spec_decode.factory import build_proposer
+from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.model_runner import ModelRunner
 
@@ -27,6 +30,11 @@ class WorkerSpec:
     max_model_len: int
     eos_token_ids: frozenset[int]
     trace: bool = False
+    # Tensor parallelism: this worker's rank, how it joins its group (None: one rank) and its device
+    # (None: the model config's).
+    tp_rank: int = 0
+    dist: DistInit | None = None
+    device: str | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -37,17 +45,18 @@ def build_runner(
     spec: WorkerSpec, checkpoint: Checkpoint | None = None, tracer: Tracer = NULL_TRACER
 ) -> ModelRunner:
     cfg = spec.config
-    device = torch.device(cfg.model.device)
+    device = torch.device(spec.device or cfg.model.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but CUDA is not available")
+    comm = connect(spec.dist, spec.tp_rank, device)  # blocks until every rank has joined
     ckpt = checkpoint or load_checkpoint(cfg.model.model, spec.dtype)
-    model = CausalLM.from_tensors(ckpt.args, ckpt.tensors, spec.dtype, device)
+    model = CausalLM.from_tensors(ckpt.args, ckpt.tensors, spec.dtype, device, comm=comm)
     args = ckpt.args
     kv = KVCache.allocate(
         args.num_hidden_layers,
         spec.num_kv_blocks,
         cfg.cache.block_size,
-        args.num_key_value_heads,
+        model.shard.num_kv_heads,  # this rank's KV heads
         args.head_dim,
         spec.dtype,
         device,
@@ -69,4 +78,8 @@ def build_runner(
         proposer=proposer,
         num_spec_tokens=cfg.speculative.num_speculative_tokens if cfg.speculative else 0,
         tracer=tracer,
+        # Grammars and bad words need the tokenizer on the worker; it is loaded on first use.
+        structured=StructuredOutputManager(
+            functools.partial(load_tokenizer, cfg.model.model), args.vocab_size, spec.eos_token_ids
+        ),
     )

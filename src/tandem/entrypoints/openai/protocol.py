@@ -27,12 +27,31 @@ Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 _PASSED = (
     "n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "min_tokens",
-    "include_stop_str_in_output", "skip_special_tokens",
+    "include_stop_str_in_output", "skip_special_tokens", "bad_words",
 )  # fmt: skip
+
+
+_STRUCTURED_KEYS = frozenset({"json", "json_object", "regex", "choice", "grammar"})
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class JsonSchemaFormat(_Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's ``response_format``: plain text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(_Strict):
@@ -63,6 +82,14 @@ class _SamplingRequest(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    bad_words: list[str] | None = None
+    # Structured outputs: OpenAI's response_format, or vLLM's extra fields (at most one of them).
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """The set fields as ``SamplingParams`` keyword arguments (unset: SamplingParams' default)."""
@@ -72,7 +99,37 @@ class _SamplingRequest(_Strict):
                 kw["logit_bias"] = {int(k): v for k, v in self.logit_bias.items()}
             except ValueError as exc:
                 raise ValueError("logit_bias keys must be token ids (integers as strings)") from exc
+        structured = self.structured_outputs_kwargs()
+        if structured is not None:
+            kw["structured_outputs"] = structured
         return kw
+
+    def structured_outputs_kwargs(self) -> dict[str, Any] | None:
+        """``StructuredOutputsParams`` keyword arguments from whichever field the client used."""
+        given: list[tuple[str, dict[str, Any]]] = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            given.append(("response_format", {"json_object": True}))
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise ValueError("structured_outputs: response_format json_schema needs a schema")
+            given.append(("response_format", {"json": rf.json_schema.schema_}))
+        if self.structured_outputs is not None:
+            unknown = sorted(set(self.structured_outputs) - _STRUCTURED_KEYS)
+            if unknown:
+                raise ValueError(f"structured_outputs: unsupported field(s) {unknown}")
+            given.append(("structured_outputs", dict(self.structured_outputs)))
+        guided = (
+            ("guided_json", "json", self.guided_json),
+            ("guided_regex", "regex", self.guided_regex),
+            ("guided_choice", "choice", self.guided_choice),
+            ("guided_grammar", "grammar", self.guided_grammar),
+        )
+        given += [(name, {key: value}) for name, key, value in guided if value is not None]
+        if len(given) > 1:
+            names = ", ".join(name for name, _ in given)
+            raise ValueError(f"structured_outputs: give at most one constraint, got {names}")
+        return given[0][1] if given else None
 
     @property
     def include_usage(self) -> bool:

@@ -74,8 +74,8 @@ def prepare(
         raise APIError(f"at most {MAX_CHOICES} choices (prompts x n) per request", 400, "n")
     try:
         kw = req.sampling_kwargs()
-    except ValueError as exc:
-        raise APIError(str(exc), 400, "logit_bias") from exc
+    except ValueError as exc:  # logit_bias keys, or conflicting structured-output fields
+        raise bad_value(exc, "logit_bias") from exc
     kw["logprobs"] = logprobs
     kw["max_tokens"] = max_tokens
     try:

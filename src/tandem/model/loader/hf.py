@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,13 @@ def load_hf_tensors(
     where, shapes = _tensor_locations(files)
     # A tied checkpoint may still store lm_head.weight; the model reads the embedding instead.
     optional = ["lm_head.weight"] if args.tie_word_embeddings else []
+    if read_json(directory / "config.json").get("num_nextn_predict_layers"):
+        # DeepSeek-V3-style MTP layers (indices past the last decoder layer) belong to the MTP drafter.
+        extra = re.compile(r"model\.layers\.(\d+)\.")
+        optional += [
+            n for n in where
+            if (m := extra.match(n)) is not None and int(m.group(1)) >= args.num_hidden_layers
+        ]
     index = directory / INDEX_FILE
     source = index if index.is_file() else files[0] if len(files) == 1 else directory
     check_tensors(shapes, args, source, optional=optional)

@@ -1,0 +1,251 @@
+"""EAGLE, EAGLE-3 and MTP proposers: one device-native implementation over a :class:`DraftHead`.
+
+Each step (the "padded drafter batch"):
+1. The head runs over *every* row of the target's step — prefill chunks, decodes and all k+1 verify rows —
+   with the target's features of those rows and, as tokens, the token one position later read from the
+   device token history (which already holds this step's accepted and bonus tokens). It writes its own KV
+   (one layer, indexed by the target's block tables) at the same positions as the target. Rows past a
+   request's accepted drafts compute garbage that is overwritten later: KV is written by absolute position,
+   so rollback is free and the head's valid frontier is always the target's.
+2. From each sampling request's last *accepted* row (chosen on the device: first sample row + accepted
+   count, accepted = (sampled >= 0).sum(1) - 1), the head's output gives draft 1; k - 1 chained one-row
+   steps (batched over requests) each feed the previous draft and the head's own output hidden state.
+   Chained rows write KV past the target's frontier (lookahead slots the scheduler reserves); a chained row
+   a request does not need (its draft cap is reached) writes to a trash block instead.
+Nothing here reads the host mirror of the step's results, so drafting works with async scheduling and
+deferred reconciliation. Drafts are greedy: the rejection sampler verifies them exactly (q one-hot).
+Steps in which no request samples (prefill chunks only) still run step 1 so the head's KV stays complete.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from tandem.config import SpeculativeConfig
+from tandem.model.attention import AttentionBackend
+from tandem.model.forward_batch import ForwardBatch, KVCache
+from tandem.model.loader import Checkpoint
+from tandem.model.transformer import CausalLM
+from tandem.spec_decode.eagle_checkpoint import HeadConfig, check_against_target, load_eagle_head
+from tandem.spec_decode.head import Attend, DraftHead
+from tandem.spec_decode.proposer import ProposeInput, Proposer
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.to(device=b.device, dtype=b.dtype), b)
+
+
+def shared_head_tensors(
+    cfg: HeadConfig, tensors: dict[str, torch.Tensor], target: CausalLM, share_always: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(embedding, draft LM head [Vd, H], draft→target map) by the sharing rules: the head's own tensors
+    when it has them and they differ from the target's, else the target's very tensors (views for a
+    leading slice). ``share_always`` (MTP): the target's, whatever the checkpoint holds. Pops the
+    embedding / LM head / maps out of ``tensors``."""
+    dtype, device, vd = target.dtype, target.device, cfg.draft_vocab_size
+    own_embed = tensors.pop("embed_tokens.weight", None)
+    own_head = tensors.pop("lm_head.weight", None)
+    d2t = tensors.pop("d2t", None)
+    tensors.pop("t2d", None)
+    if share_always:
+        own_embed = own_head = None
+    embed = target.embed_tokens
+    if own_embed is not None and not _same(own_embed, target.embed_tokens):
+        embed = own_embed.to(device=device, dtype=dtype).contiguous()
+    draft_map = None
+    if d2t is not None:
+        draft_map = torch.arange(vd) + d2t.long()
+        if torch.equal(draft_map, torch.arange(vd)):
+            draft_map = None  # a leading slice of the vocabulary
+    if own_head is not None and own_head.shape[0] == cfg.vocab_size and _same(own_head, target.lm_head):
+        own_head = None
+    source = target.lm_head if own_head is None else own_head.to(device=device, dtype=dtype).contiguous()
+    if source.shape[0] == vd:
+        lm_head = source
+    elif draft_map is None:
+        lm_head = source[:vd]  # a view: same storage
+    else:  # a scattered draft vocabulary over a full-vocabulary head: its rows (a copy)
+        lm_head = source.index_select(0, draft_map.to(source.device))
+    return embed, lm_head, draft_map
+
+
+class DraftHeadProposer(Proposer):
+    """Shared implementation; subclasses differ only in how they find and load their head."""
+
+    SUPPORTS_ASYNC_SCHEDULING = True
+    device_native = True
+    needs_lookahead_slots = True
+    needs_prefill_steps: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        num_speculative_tokens: int,
+        head: DraftHead,
+        kv_cache: KVCache,
+        backend: AttentionBackend,
+        aux_hidden_layers: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(num_speculative_tokens)
+        self.head = head
+        self.kv_cache = kv_cache  # one layer; its last block is a trash block
+        self.block_size = kv_cache.block_size
+        self.trash_slot = (kv_cache.num_blocks - 1) * self.block_size
+        self.backend = backend
+        self.aux_hidden_layers = aux_hidden_layers  # tandem indices: output of layer j
+
+    @classmethod
+    def from_head(
+        cls,
+        config: SpeculativeConfig,
+        cfg: HeadConfig,
+        tensors: dict[str, torch.Tensor],
+        target: CausalLM,
+        num_kv_blocks: int,
+        block_size: int,
+    ) -> DraftHeadProposer:
+        if getattr(getattr(target, "comm", None), "world_size", 1) > 1:
+            raise ValueError(f"speculative method {cfg.method!r} does not support tensor parallelism yet")
+        embed, lm_head, draft_map = shared_head_tensors(cfg, tensors, target, share_always=cfg.method == "mtp")
+        head = DraftHead(
+            cfg, tensors, embed=embed, lm_head=lm_head, draft_map=draft_map, dtype=target.dtype,
+            device=target.device, linear=target.linear,
+        )
+        kv = KVCache.allocate(
+            1, num_kv_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim, target.dtype, target.device
+        )
+        aux = tuple(i - 1 for i in cfg.aux_layer_ids) if cfg.method == "eagle3" else ()
+        return cls(config.num_speculative_tokens, head, kv, target.attn_backend, aux)
+
+    # -- drafting ----------------------------------------------------------------------------------------
+    def _attend(self, metadata: Any) -> Attend:
+        k_cache, v_cache, scale = self.kv_cache.k[0], self.kv_cache.v[0], self.head.scale
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return self.backend.forward(q, k, v, k_cache, v_cache, metadata, scale)
+
+        return attend
+
+    def _segments(self, inp: ProposeInput) -> tuple[list[int], list[int]]:
+        """Device-state slot of every request (segment) of the target batch, and the segment of each
+        sampling request; the other segments are the prefill chunks, in batch order."""
+        qsl, slot_of = inp.batch.query_start_loc, inp.dev.slot_of
+        seg_slot = [-1] * inp.batch.num_reqs
+        seg_of_req = []
+        for st, rows in zip(inp.states, inp.sample_rows):
+            seg = bisect_right(qsl, rows[0]) - 1
+            seg_slot[seg] = slot_of[st.req_id]
+            seg_of_req.append(seg)
+        rest = iter(inp.prefill_states)
+        for seg in range(len(seg_slot)):
+            if seg_slot[seg] < 0:
+                seg_slot[seg] = slot_of[next(rest).req_id]
+        return seg_slot, seg_of_req
+
+    def propose(self, inp: ProposeInput) -> torch.Tensor:
+        batch, dev, k = inp.batch, inp.dev, self.k
+        device = batch.input_ids.device
+        n_req = len(inp.states)
+        seg_slot, seg_of_req = self._segments(inp)
+        qsl = batch.query_start_loc
+        q_lens = torch.tensor([qsl[i + 1] - qsl[i] for i in range(batch.num_reqs)], device=device)
+        row_slot = torch.repeat_interleave(torch.tensor(seg_slot, device=device), q_lens)
+        # 1. Every row: (token at position + 1, target feature at position).
+        ids = dev.tokens[row_slot, (batch.positions + 1).clamp(max=dev.trash)]
+        feat = self.head.target_feature(inp.hidden_states, self.aux_hidden_layers)
+        hidden = self.head(ids, feat, batch.positions, self._attend(batch.attn_metadata))
+        if n_req == 0:
+            return torch.full((0, k), -1, dtype=torch.int64, device=device)
+        # 2. Chain from the last accepted row of each sampling request.
+        accepted = (inp.sampled >= 0).sum(dim=1) - 1
+        rows = torch.tensor([r[0] for r in inp.sample_rows], device=device) + accepted
+        h = hidden.index_select(0, rows)
+        pos = batch.positions.index_select(0, rows)
+        tok = self.head.draft_tokens(h)
+        drafts = [tok]
+        if k > 1:
+            tables = dev.block_table.index_select(0, inp.slots)
+            # Host upper bound of each start row's position + 1 (exact unless the step is unreconciled).
+            upper = [batch.seq_lens[s] for s in seg_of_req]
+            for j in range(1, k):
+                pos = pos + 1
+                cb = self._chain_batch(tok, pos, tables, [u + j for u in upper], j < inp.max_drafts)
+                metadata = self.backend.build_metadata(cb, self.block_size)
+                h = self.head(tok, h, pos, self._attend(metadata))
+                tok = self.head.draft_tokens(h)
+                drafts.append(tok)
+        out = torch.stack(drafts, dim=1)
+        keep = torch.arange(k, device=device) < inp.max_drafts.unsqueeze(1)
+        return torch.where(keep, out, torch.full_like(out, -1))
+
+    def _chain_batch(
+        self,
+        tok: torch.Tensor,
+        pos: torch.Tensor,
+        tables: torch.Tensor,
+        seq_upper: list[int],
+        needed: torch.Tensor,
+    ) -> ForwardBatch:
+        """One row per request at device positions ``pos``; host lengths are upper bounds, the exact
+        ones travel on the device. Rows not ``needed`` write their KV to the trash block."""
+        bs = self.block_size
+        width = min(tables.shape[1], max(-(-u // bs) for u in seq_upper))
+        t = tables[:, :width]
+        block = t.gather(1, torch.div(pos, bs, rounding_mode="floor").clamp(max=width - 1).unsqueeze(1))
+        slot = block.squeeze(1) * bs + pos % bs
+        slot = torch.where(needed, slot, torch.full_like(slot, self.trash_slot))
+        return ForwardBatch(
+            input_ids=tok,
+            positions=pos,
+            slot_mapping=slot,
+            block_tables=t,
+            query_start_loc=list(range(len(seq_upper) + 1)),
+            seq_lens=seq_upper,
+            seq_lens_dev=pos + 1,
+        )
+
+
+def resolve_head_path(config: SpeculativeConfig, target_checkpoint: Checkpoint | None) -> Path:
+    """The head directory: ``speculative_config.model`` (a path or a shipped name), else the head shipped
+    for the target."""
+    from tandem.spec_decode.shipped import shipped_head, shipped_head_for_target
+
+    if config.model:
+        return shipped_head(config.model, config.method) or Path(config.model)
+    found = shipped_head_for_target(target_checkpoint, config.method)
+    if found is None:
+        src = target_checkpoint.source if target_checkpoint is not None else "this target"
+        raise ValueError(
+            f"speculative method {config.method!r}: no head is shipped for {src}; pass the head's "
+            "directory as speculative_config.model (train one with `tandem train-drafter`)"
+        )
+    return found
+
+
+class EagleProposer(DraftHeadProposer):
+    method = "eagle"
+
+    @classmethod
+    def build(
+        cls,
+        config: SpeculativeConfig,
+        *,
+        target: CausalLM,
+        target_checkpoint: Checkpoint | None = None,
+        num_kv_blocks: int,
+        block_size: int,
+        **_: Any,
+    ) -> DraftHeadProposer:
+        if cls.method == "eagle" and config.eagle3_layer_ids is not None:
+            raise ValueError("speculative_config.eagle3_layer_ids applies to method 'eagle3' only")
+        path = resolve_head_path(config, target_checkpoint)
+        cfg, tensors = load_eagle_head(path, cls.method, target.num_layers, config.eagle3_layer_ids)
+        check_against_target(cfg, target.args, path)
+        return cls.from_head(config, cfg, tensors, target, num_kv_blocks, block_size)
+
+
+class Eagle3Proposer(EagleProposer):
+    method = "eagle3"

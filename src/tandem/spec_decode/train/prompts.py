@@ -1,0 +1,86 @@
+"""Training prompts from text every Python installation has: the standard library's functions, as a
+signature plus docstring in the shape of a code-completion prompt.
+
+Deterministic for a given Python: modules are scanned in a fixed order, members sorted by name, anything
+whose signature text depends on the process (``<object at 0x...>`` defaults) is skipped, and the final
+order is a seeded shuffle. HumanEval is never read here: it is held out for evaluation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import random
+import textwrap
+import warnings
+
+# Pure-Python standard-library modules with documented functions and classes (no GUI, no network I/O
+# at import time). Missing ones are skipped.
+STDLIB_MODULES = (
+    "abc argparse ast base64 bisect calendar cmd codecs colorsys configparser contextlib copy csv "
+    "dataclasses datetime decimal difflib dis email.utils enum filecmp fnmatch fractions ftplib "
+    "functools getopt gettext glob graphlib gzip hashlib heapq hmac html html.parser http.client "
+    "http.cookies imaplib inspect ipaddress json json.decoder json.encoder keyword linecache locale "
+    "logging mailbox mimetypes netrc numbers operator optparse os os.path pathlib pickle pickletools "
+    "pkgutil platform plistlib poplib pprint pstats queue quopri random re reprlib sched secrets "
+    "selectors shlex shutil smtplib socketserver statistics string stringprep struct subprocess "
+    "sysconfig tarfile tempfile textwrap threading timeit tokenize tomllib trace traceback types "
+    "typing urllib.parse urllib.request uuid warnings wave weakref xml.dom.minidom zipfile zoneinfo"
+).split()
+
+
+def _format(name: str, sig: str, doc: str, self_arg: bool) -> str:
+    if self_arg:
+        sig = "(self" + (", " + sig[1:] if sig != "()" else ")")
+    body = textwrap.indent(doc.strip(), "    ")
+    return f"def {name}{sig}:\n    \"\"\" {body.lstrip()}\n    \"\"\"\n"
+
+
+def _entries(module_name: str) -> list[tuple[str, str]]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module = importlib.import_module(module_name)
+    except Exception:  # noqa: BLE001 - a missing or broken optional module is just skipped
+        return []
+    out: list[tuple[str, str]] = []
+
+    def add(name: str, obj: object, self_arg: bool) -> None:
+        if name.startswith("_"):
+            return
+        doc = inspect.getdoc(obj)
+        if not doc or not 40 <= len(doc) <= 1200:
+            return
+        try:
+            sig = str(inspect.signature(obj))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return
+        if " at 0x" in sig or len(sig) > 200:
+            return
+        if self_arg:
+            sig = sig.replace("(self, ", "(", 1).replace("(self)", "()", 1)
+        out.append((f"{module_name}.{name}", _format(name, sig, doc, self_arg)))
+
+    for name, obj in sorted(vars(module).items()):
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isfunction(obj) or inspect.isbuiltin(obj):
+            add(name, obj, False)
+        elif inspect.isclass(obj) and not name.startswith("_"):
+            for mname, member in sorted(vars(obj).items()):
+                if inspect.isfunction(member):
+                    add(mname, member, True)
+    return out
+
+
+def stdlib_prompts(n: int, seed: int = 0) -> list[str]:
+    """``n`` distinct completion prompts (fewer if the standard library has fewer), seeded order."""
+    seen: set[str] = set()
+    prompts: list[str] = []
+    for module_name in STDLIB_MODULES:
+        for _, prompt in _entries(module_name):
+            if prompt not in seen:
+                seen.add(prompt)
+                prompts.append(prompt)
+    random.Random(seed).shuffle(prompts)
+    return prompts[:n]

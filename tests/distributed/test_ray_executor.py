@@ -1,0 +1,121 @@
+"""The ``ray`` executor on a local Ray cluster started on 127.0.0.1: TP=2 actors in a placement group
+give TP=1's greedy tokens (async on, n-gram speculation, ranks checked in lockstep); a killed actor
+fails the live requests within seconds; the cluster listens on loopback only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tandem import LLM, SamplingParams
+from tandem.core.request import Request
+from tests.distributed.common import GREEDY, N_PROMPTS, NGRAM, check_against_reference
+from tests.helpers import humaneval_prompts
+
+ray = pytest.importorskip("ray", reason="the ray executor needs Ray: pip install 'tandem-llm[ray]'")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from tandem.executor.ray_executor import init_local_cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    init_local_cluster(num_cpus=max(2, os.cpu_count() or 1))
+    yield
+    ray.shutdown()
+
+
+def _listening_addresses(pids: set[int]) -> set[str]:
+    """Local addresses of the TCP sockets the given processes listen on (from /proc)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    addr_hex = cols[1].split(":")[0]
+                    if len(addr_hex) == 8:
+                        addr = ".".join(str(int(addr_hex[i : i + 2], 16)) for i in (6, 4, 2, 0))
+                    else:
+                        addr = "::1" if addr_hex == "0" * 31 + "1" else addr_hex  # v6: loopback or raw
+                    found.add(addr)
+    return found
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def test_ray_tp2_matches_tp1(cluster, reference: list) -> None:
+    llm = LLM(
+        max_num_seqs=N_PROMPTS, executor_backend="ray", tensor_parallel_size=2,
+        speculative_config=NGRAM, debug_invariants=True,
+    )
+    try:
+        assert llm.async_scheduling.resolved is True  # the default resolves on for ray
+        outs = llm.generate(list(humaneval_prompts(N_PROMPTS)), GREEDY, use_tqdm=False)
+        check_against_reference(reference, outs, "ray tp2 async ngram")
+        executor = llm.engine.core.executor
+        assert executor.lockstep_steps_checked >= GREEDY.max_tokens // 4
+        assert llm.spec_decode_stats()["num_drafts"] > 0
+        # Every process of the cluster (GCS, raylet, workers, the actors) listens on loopback only.
+        addrs = _listening_addresses(_descendants(os.getpid()) | {os.getpid()})
+        assert addrs and addrs <= {"127.0.0.1", "::1"}, addrs
+    finally:
+        llm.shutdown()
+
+
+def test_ray_killed_actor_fails_requests_fast(cluster) -> None:
+    llm = LLM(max_num_seqs=4, executor_backend="ray", tensor_parallel_size=2)
+    core, tok = llm.engine.core, llm.tokenizer
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    for i in range(4):
+        core.add_request(Request(f"r{i}", tok.encode(f"def f{i}():"), params, seed=i))
+    for _ in range(3):
+        core.step()
+    os.kill(core.executor.pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    failed: dict[str, str] = {}
+    while core.has_unfinished_requests() and time.monotonic() - t0 < 60:
+        for out in core.step():
+            if out.finish_reason == "error":
+                failed[out.req_id] = out.error or ""
+    elapsed = time.monotonic() - t0
+    assert set(failed) == {f"r{i}" for i in range(4)}
+    assert elapsed < 15, elapsed
+    assert all("ray worker died (rank 1)" in e for e in failed.values()), failed
+    assert core.failed is not None
+    t1 = time.monotonic()
+    llm.shutdown()
+    assert time.monotonic() - t1 < 15
