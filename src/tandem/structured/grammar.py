@@ -49,7 +49,9 @@ def _clean(exc: Exception) -> str:
 
 
 def spec_key(params: StructuredOutputsParams) -> tuple[str, str]:
-    """A hashable, canonical key of one constraint (a JSON schema may arrive as a dict)."""
+    """A hashable key of one constraint (a JSON schema may arrive as a dict or as text). The
+    schema's key order is kept: xgrammar emits object properties in the order they are listed, so
+    two schemas that differ only in order are different constraints."""
     if params.json is not None:
         schema = params.json
         if isinstance(schema, str):
@@ -57,7 +59,7 @@ def spec_key(params: StructuredOutputsParams) -> tuple[str, str]:
                 schema = json.loads(schema)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"structured_outputs: json is not valid JSON: {exc}") from exc
-        return ("json", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        return ("json", json.dumps(schema, separators=(",", ":")))
     if params.json_object:
         return ("json_object", "")
     if params.regex is not None:
@@ -80,8 +82,8 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     try:
         if kind == "json":
             return xgr.Grammar.from_json_schema(text)
-        if kind == "json_object":
-            return xgr.Grammar.builtin_json_grammar()
+        if kind == "json_object":  # an object, as OpenAI's json_object promises (not any value)
+            return xgr.Grammar.from_json_schema('{"type": "object"}')
         if kind == "regex":
             return xgr.Grammar.from_regex(text)
         if kind == "choice":

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.core.interface import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
 from tandem.model.forward_batch import KVCache
 from tandem.model.transformer import CausalLM
 from tandem.sample import RejectionSampler, RowSpec, Sampler, SamplingMetadata
@@ -27,7 +27,7 @@ from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.device_state import DeviceState
 from tandem.worker.input_prep import RequestPlan, StepInputs, prepare_inputs
-from tandem.worker.pending import LazyRunnerOutput, PendingStep
+from tandem.worker.pending import LazyRunnerOutput, PendingStep, PromptLogprobs
 from tandem.worker.request_state import RequestState
 
 
@@ -224,10 +224,9 @@ class ModelRunner:
         res = self.rejection_sampler(rows_logits, meta, draft_ids, [p.num_slots for p in plans])
         return res.output_token_ids, res.logprobs, num_valid, num_invalid
 
-    def _prompt_logprobs(
-        self, step: StepInputs, logits: torch.Tensor
-    ) -> dict[str, list[TokenLogprobs | None]]:
-        result: dict[str, list[TokenLogprobs | None]] = {}
+    def _prompt_logprobs(self, step: StepInputs, logits: torch.Tensor) -> dict[str, PromptLogprobs]:
+        """Device tensors; the host sees them with the step's one copy (``PendingStep``)."""
+        result: dict[str, PromptLogprobs] = {}
         for p in step.plans:
             if not p.prompt_logprob_rows:
                 continue
@@ -236,15 +235,8 @@ class ModelRunner:
             idx = torch.tensor([step.row_to_logit[r] for r in p.prompt_logprob_rows], device=logits.device)
             n = st.sampling_params.prompt_logprobs or 0
             lp = compute_logprobs(logits[idx], torch.tensor(targets, device=logits.device), n)
-            ids, vals = lp.logprob_token_ids.tolist(), lp.logprobs.tolist()
-            ranks = lp.selected_token_ranks.tolist()
-            entries: list[TokenLogprobs | None] = [None] if first == 0 else []
-            entries += [
-                TokenLogprobs(t, vals[j][0], ranks[j], ids[j][1 : n + 1], vals[j][1 : n + 1])
-                for j, t in enumerate(targets)
-            ]
             st.prompt_logprobs_done = first + len(targets)
-            result[st.req_id] = entries
+            result[st.req_id] = PromptLogprobs(first, targets, n, lp)
         return result
 
     # -- commit, reconcile, propose ----------------------------------------------------------------------

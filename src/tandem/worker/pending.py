@@ -27,6 +27,32 @@ def _start_copy(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _start_copies(lp: LogprobsTensors) -> LogprobsTensors:
+    return LogprobsTensors(*(_start_copy(t) for t in lp))
+
+
+@dataclass
+class PromptLogprobs:
+    """One request's prompt logprobs from one step, as tensors: converted only at materialization,
+    so asking for them adds no host sync to the step."""
+
+    first: int  # position before the first target token (0: the entries start with a None)
+    targets: list[int]  # the prompt tokens whose logprobs these are
+    n: int  # top-n alternatives
+    tensors: LogprobsTensors
+
+    def entries(self) -> list[TokenLogprobs | None]:
+        ids, vals = self.tensors.logprob_token_ids.tolist(), self.tensors.logprobs.tolist()
+        ranks = self.tensors.selected_token_ranks.tolist()
+        out: list[TokenLogprobs | None] = [None] if self.first == 0 else []
+        n = self.n
+        out += [
+            TokenLogprobs(t, vals[j][0], ranks[j], ids[j][1 : n + 1], vals[j][1 : n + 1])
+            for j, t in enumerate(self.targets)
+        ]
+        return out
+
+
 @dataclass
 class PendingStep:
     step_id: int
@@ -36,7 +62,7 @@ class PendingStep:
     drafts: torch.Tensor | None  # [B, k] next drafts, -1 padded; None without speculation
     num_valid: list[int]  # valid draft slots verified this step, per sampling request
     logprobs: LogprobsTensors | None
-    prompt_logprobs: dict[str, list[TokenLogprobs | None]]
+    prompt_logprobs: dict[str, PromptLogprobs]
     send_drafts: bool  # sync scheduling: drafts travel to the host scheduler
     tokens_applied: bool = False  # a host-side proposer already applied the tokens to the host mirror
     num_invalid: list[int] | None = None  # drafts cut by a grammar, per sampling request
@@ -47,6 +73,10 @@ class PendingStep:
     def __post_init__(self) -> None:
         self._sampled_h = _start_copy(self.sampled)
         self._drafts_h = _start_copy(self.drafts) if self.drafts is not None else None
+        # Logprobs travel with the sampled ids (same event), not in a later blocking copy.
+        self._logprobs_h = _start_copies(self.logprobs) if self.logprobs is not None else None
+        for plp in self.prompt_logprobs.values():
+            plp.tensors = _start_copies(plp.tensors)
         if self.sampled.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
@@ -74,8 +104,8 @@ class PendingStep:
         sampled, drafts = self.host()
         by_req = {p.req_id: i for i, p in enumerate(self.sampling)}
         logprobs = None
-        if self.logprobs is not None:
-            logprobs = _logprob_entries(self.sampling, sampled, self.logprobs)
+        if self._logprobs_h is not None:
+            logprobs = _logprob_entries(self.sampling, sampled, self._logprobs_h)
         return ModelRunnerOutput(
             req_ids=list(self.req_ids),
             sampled_token_ids=[sampled[by_req[r]] if r in by_req else [] for r in self.req_ids],
@@ -95,7 +125,7 @@ class PendingStep:
                 if logprobs is not None
                 else None
             ),
-            prompt_logprobs=self.prompt_logprobs,
+            prompt_logprobs={rid: plp.entries() for rid, plp in self.prompt_logprobs.items()},
         )
 
 

@@ -104,6 +104,13 @@ def build_dataset(spec: DataSpec, work_dir: Path, prompts: list[str]) -> Dataset
     from tandem import LLM, SamplingParams
     from tandem.model.loader import load_checkpoint
 
+    from tandem.model.loader import load_tokenizer
+    from tandem.model.loader.model_info import load_model_args
+
+    # Prompts that leave room for the response within the model's context.
+    room = load_model_args(spec.target).max_position_embeddings - spec.max_new_tokens - 2
+    tok = load_tokenizer(spec.target)
+    prompts = [p for p in prompts if len(tok.encode(p)) <= room]
     data_dir = work_dir / f"data-{spec.key()}"
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "spec.json").write_text(json.dumps(spec.__dict__, indent=2, default=list))

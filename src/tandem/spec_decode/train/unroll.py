@@ -53,7 +53,7 @@ def unrolled_forward(head: DraftHead, batch: Batch, steps: int) -> list[StepOutp
     values: list[torch.Tensor] = []
     outs: list[StepOutput] = []
     q_idx = torch.arange(t, device=ids.device)
-    feat = head.target_feature_train(batch.feat.reshape(b * t, -1))
+    feat = head.fuse_target(batch.feat.reshape(b * t, -1))
     for s in range(1, steps + 1):
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: int = s) -> torch.Tensor:
@@ -80,7 +80,7 @@ def unrolled_forward(head: DraftHead, batch: Batch, steps: int) -> list[StepOutp
                 diag.append((qh * kk).sum(-1, keepdim=True) * scale)
                 diag_v.append(vv)
             probs = torch.softmax(torch.cat([main, *diag], dim=-1), dim=-1)
-            o = torch.matmul(probs[..., :t], keys_v0(values))
+            o = torch.matmul(probs[..., :t], values[0])
             for j, vv in enumerate(diag_v):
                 o = o + probs[..., t + j : t + j + 1] * vv
             return o.transpose(1, 2).reshape(b * t, heads, hd)
@@ -92,10 +92,6 @@ def unrolled_forward(head: DraftHead, batch: Batch, steps: int) -> list[StepOutp
         # The next step's row q feeds this step's output at row q - 1.
         feat = F.pad(hb, (0, 0, 1, 0))[:, :t].reshape(b * t, -1)
     return outs
-
-
-def keys_v0(values: list[torch.Tensor]) -> torch.Tensor:
-    return values[0]
 
 
 @dataclass
@@ -137,13 +133,9 @@ def acceptance(outs: list[StepOutput], batch: Batch) -> tuple[torch.Tensor, int]
         hit = hit[:, s - 1 :]
         correct.append(F.pad(hit, (0, s - 1), value=False))
     c = torch.stack(correct, dim=-1)  # [B, T, k]
-    last_ok = F.pad(batch.valid, (0, 0))
-    eligible = batch.eval_rows.clone()
-    eligible[:, max(t - k + 1, 0) :] = False
-    shifted = torch.zeros_like(last_ok)
+    eligible = torch.zeros_like(batch.valid)
     if t - k + 1 > 0:
-        shifted[:, : t - k + 1] = last_ok[:, k - 1 :]
-    eligible &= shifted
+        eligible[:, : t - k + 1] = batch.eval_rows[:, : t - k + 1] & batch.valid[:, k - 1 :]
     run = torch.cumprod(c.long(), dim=-1).sum(-1)  # leading correct drafts
     hist = torch.bincount(run[eligible], minlength=k + 1)
     return hist, int(eligible.sum())

@@ -1,0 +1,163 @@
+"""EAGLE / EAGLE-3 / MTP with the shipped drafters on the default model (issue 6).
+
+Two measurements, on HumanEval prompts (held out: the drafters were trained on standard-library prompts),
+greedy, k = 3:
+
+- ``--mode speed`` (single stream): mean acceptance length (tokens per verify step, bonus included),
+  acceptance per draft position, output tok/s and decode speed-up over no-spec in the same run (arms
+  interleaved, median of repeats);
+- ``--mode equality``: 32 prompts at concurrency 8, async off and on, each method against no-spec; a
+  divergence counts as a near-tie only if the target's top-2 log-probabilities at the first differing
+  position are within ``--tie-eps`` (checked by re-running the target on the common prefix).
+
+    python benchmarks/bench_eagle.py --mode speed --json benchmarks/results/eagle_speed.json
+    python benchmarks/bench_eagle.py --mode equality --json benchmarks/results/eagle_equality.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, humaneval, median  # noqa: E402
+
+from tandem import LLM, SamplingParams  # noqa: E402
+
+METHODS = ("eagle", "eagle3", "mtp")
+
+
+def spec(method: str, k: int) -> dict[str, Any] | None:
+    return None if method == "none" else {"method": method, "num_speculative_tokens": k}
+
+
+def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
+    prompts = humaneval(ns.prompts)
+    params = SamplingParams(temperature=0, max_tokens=ns.max_tokens)
+    arms = ["none", *ns.methods]
+    llms = {m: LLM(max_num_seqs=1, async_scheduling=ns.async_on, speculative_config=spec(m, ns.k)) for m in arms}
+    times: dict[str, list[float]] = {m: [] for m in arms}
+    tokens: dict[str, list[list[int]]] = {}
+    stats: dict[str, dict[str, Any]] = {}
+    bar = tqdm(total=len(arms) * ns.repeats, desc="speed")
+    for _ in range(ns.repeats):
+        for m, llm in llms.items():  # interleaved arms
+            llm.reset_spec_decode_stats()
+            t0 = time.perf_counter()
+            outs = [llm.generate(p, params, use_tqdm=False)[0] for p in prompts]
+            times[m].append(time.perf_counter() - t0)
+            tokens[m] = [list(o.outputs[0].token_ids) for o in outs]
+            stats[m] = llm.spec_decode_stats()
+            bar.update(1)
+    bar.close()
+    for llm in llms.values():
+        llm.shutdown()
+    results = []
+    base = median(times["none"])
+    for m in arms:
+        s = stats[m]
+        drafts = int(s.get("num_drafts", 0) or 0)
+        per_pos = [a / drafts for a in s.get("accepted_per_pos", [])] if drafts else []
+        results.append({
+            "method": m,
+            "tok_s": sum(len(t) for t in tokens[m]) / median(times[m]),
+            "speedup_vs_none": base / median(times[m]),
+            "mean_acceptance_length": s.get("mean_acceptance_length"),
+            "acceptance_rate": s.get("acceptance_rate"),
+            "accepted_per_pos": s.get("accepted_per_pos"),
+            "acceptance_per_pos": [round(x, 3) for x in per_pos],
+            "num_drafts": drafts,
+            "identical_to_no_spec": tokens[m] == tokens["none"],
+            "runs_s": times[m],
+        })
+    print(f"\n{'method':<8}{'tok/s':>8}{'speedup':>9}{'acc.len':>9}{'per position':>22}{'same':>6}")
+    for r in results:
+        acc = r["mean_acceptance_length"]
+        print(f"{r['method']:<8}{r['tok_s']:>8.1f}{r['speedup_vs_none']:>8.2f}x"
+              f"{(acc if acc is not None else float('nan')):>9.2f}{str(r['acceptance_per_pos']):>22}"
+              f"{str(r['identical_to_no_spec']):>6}")
+    return {"results": results}
+
+
+def _near_tie(llm: LLM, prompt_ids: list[int], prefix: list[int], eps: float) -> tuple[bool, float]:
+    """Whether the target's top-2 log-probabilities after ``prompt_ids + prefix`` are within ``eps``."""
+    p = SamplingParams(temperature=0, max_tokens=1, logprobs=2)
+    out = llm.generate({"prompt_token_ids": prompt_ids + prefix}, p, use_tqdm=False)[0]
+    lp = out.outputs[0].logprobs[0]  # type: ignore[index]
+    vals = sorted((v.logprob for v in lp.values()), reverse=True)
+    gap = vals[0] - vals[1] if len(vals) > 1 else float("inf")
+    return gap <= eps, gap
+
+
+def run_equality(ns: argparse.Namespace) -> dict[str, Any]:
+    prompts = humaneval(ns.prompts)
+    params = SamplingParams(temperature=0, max_tokens=ns.max_tokens)
+    results = []
+    ref: dict[bool, list[list[int]]] = {}
+    arms = [(m, a) for a in (False, True) for m in ("none", *ns.methods)]
+    probe = None
+    prompt_ids: list[list[int]] = []
+    for m, a in tqdm(arms, desc="equality"):
+        llm = LLM(max_num_seqs=8, async_scheduling=a, speculative_config=spec(m, ns.k))
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        got = [list(o.outputs[0].token_ids) for o in outs]
+        s = llm.spec_decode_stats()
+        llm.shutdown()
+        if m == "none":
+            ref[a] = got
+            prompt_ids = [list(o.prompt_token_ids) for o in outs]
+            continue
+        diverged = []
+        for i, (x, y) in enumerate(zip(got, ref[a])):
+            if x != y:
+                j = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+                if probe is None:
+                    probe = LLM(max_num_seqs=1)
+                tie, gap = _near_tie(probe, prompt_ids[i], y[:j], ns.tie_eps)
+                diverged.append({"prompt": i, "position": j, "near_tie": tie, "top2_gap": gap})
+        results.append({"method": m, "async": a, "identical": not diverged, "diverged": diverged,
+                        "all_divergences_near_ties": all(d["near_tie"] for d in diverged),
+                        "mean_acceptance_length": s.get("mean_acceptance_length"),
+                        "accepted_per_pos": s.get("accepted_per_pos"), "num_drafts": s.get("num_drafts")})
+    if probe is not None:
+        probe.shutdown()
+    for m in ns.methods:
+        off, on = (next(r for r in results if r["method"] == m and r["async"] == a) for a in (False, True))
+        same = (off["accepted_per_pos"], off["num_drafts"]) == (on["accepted_per_pos"], on["num_drafts"])
+        print(f"{m:<8} identical off/on: {off['identical']}/{on['identical']}  "
+              f"ties-only: {off['all_divergences_near_ties']}/{on['all_divergences_near_ties']}  "
+              f"acceptance identical across async: {same}  acc.len {off['mean_acceptance_length']:.3f}")
+        off["acceptance_identical_across_async"] = on["acceptance_identical_across_async"] = same
+    return {"results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["speed", "equality"], default="speed")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--prompts", type=int, default=None, help="HumanEval prompts (speed: 10, equality: 32)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--async-on", action="store_true", help="speed mode: async scheduling on")
+    p.add_argument("--tie-eps", type=float, default=1e-3)
+    p.add_argument("--json", default=None)
+    ns = p.parse_args(argv)
+    if ns.prompts is None:
+        ns.prompts = 10 if ns.mode == "speed" else 32
+    out = {"environment": environment(), "args": vars(ns)}
+    out |= run_speed(ns) if ns.mode == "speed" else run_equality(ns)
+    if ns.json:
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(ns.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

