@@ -8,6 +8,7 @@ that both ranks sampled the same tokens at every step.
 
     python benchmarks/check_tp_tokens.py                    # all arms, 24 new tokens
     python benchmarks/check_tp_tokens.py --arms mp-sync ray-async-ngram --max-tokens 16
+    python benchmarks/check_tp_tokens.py --arms mp-async-eagle --merge   # add arms to the last result
 
 Writes ``benchmarks/results/tp_tokens.json``; exits 1 if any arm fails the rule.
 """
@@ -26,6 +27,8 @@ sys.path.insert(0, str(HERE.parent))
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 DRAFT = {"method": "draft_model", "num_speculative_tokens": 3}  # the shipped 6-layer draft
+EAGLE = {"method": "eagle", "num_speculative_tokens": 3}  # the shipped head for the default model
+MTP = {"method": "mtp", "num_speculative_tokens": 3}
 ARMS: dict[str, dict[str, Any]] = {
     "mp-sync": {"executor_backend": "mp", "async_scheduling": False},
     "mp-async": {"executor_backend": "mp", "async_scheduling": True},
@@ -36,6 +39,8 @@ ARMS: dict[str, dict[str, Any]] = {
         "speculative_config": NGRAM,
     },
     "mp-async-draft": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": DRAFT},
+    "mp-async-eagle": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": EAGLE},
+    "mp-async-mtp": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": MTP},
     "ray-async": {"executor_backend": "ray", "async_scheduling": True},
     "ray-async-ngram": {"executor_backend": "ray", "async_scheduling": True, "speculative_config": NGRAM},
 }
@@ -84,6 +89,7 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--out", default=str(HERE / "results" / "tp_tokens.json"))
+    p.add_argument("--merge", action="store_true", help="update the arms in --out, keep the others")
     ns = p.parse_args()
 
     from tandem import LLM, SamplingParams
@@ -115,6 +121,12 @@ def main() -> None:
             f"start {res['start_s']} s  generate {res['generate_s']} s",
             flush=True,
         )
+    if ns.merge and Path(ns.out).is_file():
+        old = json.loads(Path(ns.out).read_text())
+        if (old["num_prompts"], old["max_tokens"]) == (len(prompts), ns.max_tokens):
+            report["arms"] = {**old["arms"], **report["arms"]}
+            report["command"] = f"{old['command']}; {report['command']}"
+            ok &= all(not a["failures"] for a in report["arms"].values())
     report["all_pass"] = ok
     Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.out).write_text(json.dumps(report, indent=2) + "\n")

@@ -76,3 +76,20 @@ def test_kv_cache_shape_is_checked_per_rank() -> None:
 
     msgs = run_ranks(2, check)
     assert "[blocks, block_size, 2, 16]" in msgs[0] and "[blocks, block_size, 1, 16]" in msgs[1]
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_full_vocab_tensors_are_gathered_on_every_rank(tied: bool) -> None:
+    """What a replicated drafter (EAGLE / MTP head) shares: the whole embedding and LM head."""
+    args = tiny_args(tie_word_embeddings=tied)
+    tensors = random_tensors(args)
+    want_embed = tensors["model.embed_tokens.weight"]
+    want_head = want_embed if tied else tensors["lm_head.weight"]
+
+    def full(rank: int, comm: Communicator) -> tuple[torch.Tensor, torch.Tensor]:
+        model = CausalLM.from_tensors(args, tensors, torch.float32, "cpu", comm=comm)
+        return model.full_vocab_tensors()
+
+    for embed, head in run_ranks(2, full):
+        assert torch.equal(embed, want_embed) and torch.equal(head, want_head)
+        assert (head is embed) == tied

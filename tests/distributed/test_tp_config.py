@@ -52,18 +52,25 @@ def test_kv_budget_is_per_rank() -> None:
     assert two.bytes_per_block * 3 == one.bytes_per_block * 2
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
-def test_head_drafters_refuse_tp_before_any_worker_starts(method: str) -> None:
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle", "eagle3", "mtp"])
+def test_every_proposer_runs_under_tp(method: str) -> None:
+    from tandem.spec_decode.factory import get_proposer_class
+
+    assert get_proposer_class(method).SUPPORTS_TENSOR_PARALLEL  # drafts replicated on every rank
     cfg = config_from_kwargs(
         executor_backend="mp", tensor_parallel_size=2,
         speculative_config={"method": method, "num_speculative_tokens": 2},
     )
-    with pytest.raises(ValueError, match=f"method '{method}' does not support tensor_parallel_size=2"):
-        plan_engine(cfg, log=False)
+    assert plan_engine(cfg, log=False).decision.resolved is True
 
 
-def test_replicated_drafters_are_allowed_under_tp() -> None:
+def test_a_proposer_without_tp_is_refused_before_any_worker_starts(monkeypatch) -> None:
     from tandem.spec_decode.factory import get_proposer_class
 
-    assert get_proposer_class("ngram").SUPPORTS_TENSOR_PARALLEL
-    assert get_proposer_class("draft_model").SUPPORTS_TENSOR_PARALLEL
+    monkeypatch.setattr(get_proposer_class("eagle"), "SUPPORTS_TENSOR_PARALLEL", False)
+    cfg = config_from_kwargs(
+        executor_backend="mp", tensor_parallel_size=2,
+        speculative_config={"method": "eagle", "num_speculative_tokens": 2},
+    )
+    with pytest.raises(ValueError, match="method 'eagle' does not support tensor_parallel_size=2"):
+        plan_engine(cfg, log=False)

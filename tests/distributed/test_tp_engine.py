@@ -1,11 +1,11 @@
 """Tensor parallelism end to end on the default model (9 query / 3 KV heads: an uneven 2 + 1 KV-group
 split): two gloo ranks in ``mp`` worker processes give TP=1's greedy tokens for 16 HumanEval prompts,
-async off (plain) and on (with n-gram speculation), and the ranks stay in lockstep (every step's
-sampled tokens hashed on every rank and compared by the executor).
+async off (plain) and on (with n-gram speculation, and with the shipped EAGLE head), and the ranks stay
+in lockstep (every step's sampled tokens hashed on every rank and compared by the executor).
 
-Two arms keep CI short; the full matrix (async on/off x none/ngram, deferred reconciliation, a draft
-model, and the ``ray`` executor) at 24 new tokens is ``benchmarks/check_tp_tokens.py``, whose last
-result is in BENCHMARKS.md."""
+Three arms keep CI short; the full matrix (async on/off x none/ngram, deferred reconciliation, a draft
+model, EAGLE, MTP, and the ``ray`` executor) at 24 new tokens is ``benchmarks/check_tp_tokens.py``,
+whose last result is in BENCHMARKS.md."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ pytestmark = pytest.mark.slow
 ARMS = {
     "sync": {"async_scheduling": False},
     "async-ngram": {"async_scheduling": True, "speculative_config": NGRAM},
+    # A replicated EAGLE head (the shipped one): every rank gathers the whole vocabulary for it.
+    "async-eagle": {
+        "async_scheduling": True,
+        "speculative_config": {"method": "eagle", "num_speculative_tokens": 3},
+    },
 }
 
 

@@ -175,3 +175,11 @@ def gather_vocab_logits(local: torch.Tensor, shard: ShardPlan, comm: Communicato
     pieces = comm.all_gather(F.pad(local, (0, pad)) if pad else local)
     sizes = [hi - lo for lo, hi in shard.vocab_slices()]
     return torch.cat([piece[..., :n] for piece, n in zip(pieces, sizes)], dim=-1)
+
+
+def gather_vocab_rows(weight: torch.Tensor, shard: ShardPlan, comm: Communicator) -> torch.Tensor:
+    """``[shard.vocab_size, H]`` rows of a vocab-parallel matrix -> the whole ``[vocab, H]`` on every
+    rank (once, at start-up: a proposer that runs whole on every rank needs the whole vocabulary)."""
+    if comm.world_size == 1:
+        return weight
+    return gather_vocab_logits(weight.t().contiguous(), shard, comm).t().contiguous()

@@ -24,7 +24,12 @@ from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.layers import DecoderLayer, LayerContext, unit_rms
 from tandem.model.linear import LinearKernels, create_linear_kernels, default_linear_kernels
 from tandem.model.model_args import ModelArgs
-from tandem.model.parallel import ShardPlan, gather_vocab_logits, vocab_parallel_embedding
+from tandem.model.parallel import (
+    ShardPlan,
+    gather_vocab_logits,
+    gather_vocab_rows,
+    vocab_parallel_embedding,
+)
 from tandem.model.rope import rope_inv_freq, rotation_table
 from tandem.model.weights import ModelWeights, prepare_weights
 
@@ -164,6 +169,16 @@ class CausalLM(nn.Module):
         """``[N, hidden]`` -> float32 logits ``[N, vocab]``."""
         local = self.linear.linear(hidden, self.lm_head).float()
         return gather_vocab_logits(local, self.shard, self.comm)
+
+    def full_vocab_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(embedding, LM head) over the whole vocabulary: the parameters themselves for one rank;
+        under tensor parallelism gathered from every rank's rows (a collective; tied stays tied)."""
+        if self.comm.world_size == 1:
+            return self.embed_tokens, self.lm_head
+        embed = gather_vocab_rows(self.embed_tokens, self.shard, self.comm)
+        if self.lm_head is self.embed_tokens:
+            return embed, embed
+        return embed, gather_vocab_rows(self.lm_head, self.shard, self.comm)
 
     def _check_cache(self, kv_cache: KVCache) -> None:
         args = self._args
