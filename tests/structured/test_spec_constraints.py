@@ -4,13 +4,13 @@
   mix, greedy. Every speculation arm (n-gram, the target as its own draft, EAGLE; async off, on and
   deferred) gives the no-speculation tokens, and no output holds a banned word's token sequence. The
   verify rows see the committed outputs plus the draft prefix as context (a draft the penalties turn
-  against is rejected there); on the tiny random checkpoint for every arm, on the real model for the
-  arm that rejects most (its own draft, which never sees the penalties).
+  against is rejected there); on the tiny random checkpoint for every arm, and on the real model (8
+  prompts) for the arm that rejects most: the target as its own draft, which never sees penalties.
 - Logprobs: sample logprobs of the accepted tokens and prompt logprobs are the same, within 1e-4,
   with and without speculation, async off and on.
-- Preemption (real model): JSON-schema requests under speculation with a KV cache far too small for
-  them are preempted mid-generation, resume with a rebuilt grammar state, and give valid JSON equal
-  to the unpreempted run's.
+- Preemption (real model; every proposer on the tiny one in ``test_runner_tiny.py``): JSON-schema
+  requests under speculation with a KV cache too small for them are preempted mid-generation, resume
+  with a rebuilt grammar state, and give valid JSON equal to the unpreempted run's.
 """
 
 from __future__ import annotations
@@ -181,10 +181,9 @@ REAL_MIXES: list[dict[str, Any]] = [
     {"frequency_penalty": 1.5, "bad_words": ["for i in range"]},
 ]
 REAL_PARAMS = [
-    SamplingParams(temperature=0.0, max_tokens=16, logprobs=2, ignore_eos=True,
-                   **REAL_MIXES[i % len(REAL_MIXES)])
-    for i in range(N_PROMPTS)
-]  # fmt: skip
+    SamplingParams(temperature=0.0, max_tokens=16, logprobs=2, ignore_eos=True, **mix)
+    for mix in REAL_MIXES
+]
 SELF_DRAFT = {"method": "draft_model", "num_speculative_tokens": 3, "model": MODEL}
 
 
@@ -204,23 +203,24 @@ def _real(params: list[SamplingParams], prompts: list[str], **kw: Any) -> tuple[
 def test_real_model_penalties_self_draft_equals_no_spec() -> None:
     from tandem.model.loader import load_tokenizer
 
-    prompts = list(humaneval_prompts(N_PROMPTS))
+    prompts = list(humaneval_prompts(len(REAL_PARAMS)))
     ref, _ = _real(REAL_PARAMS, prompts, async_scheduling=False)
     _check_bad_words(load_tokenizer(MODEL), REAL_PARAMS, ref)
     outs, stats = _real(REAL_PARAMS, prompts, async_scheduling=True, speculative_config=SELF_DRAFT)
-    _assert_same(ref, outs, "self-draft-async", N_PROMPTS - 2)
+    _assert_same(ref, outs, "self-draft-async", len(REAL_PARAMS) - 1)
     assert 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"]
 
 
-PREEMPT_REQS = [requests_50()[i] for i in (0, 11, 22, 33, 44)]  # one per schema
+PREEMPT_REQS = [requests_50()[i] for i in (0, 33)]  # a person, a weather report (~30-60 tokens)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 
 
 def _structured_chat(**kw: Any) -> tuple[list, int, dict]:
-    llm = LLM(MODEL, debug_invariants=True, max_num_seqs=5, max_model_len=256, **kw)
+    llm = LLM(MODEL, debug_invariants=True, max_num_seqs=2, max_model_len=112, **kw)
     try:
         params = [
             SamplingParams(
-                temperature=0.0, max_tokens=160, logprobs=2, structured_outputs={"json": schema}
+                temperature=0.0, max_tokens=64, logprobs=2, structured_outputs={"json": schema}
             )
             for _, schema, _ in PREEMPT_REQS
         ]
@@ -234,14 +234,14 @@ def _structured_chat(**kw: Any) -> tuple[list, int, dict]:
 
 @pytest.mark.slow
 def test_real_model_preempted_structured_requests_resume_consistently() -> None:
-    ref, preemptions, _ = _structured_chat(num_kv_blocks=256, async_scheduling=False)
+    ref, preemptions, _ = _structured_chat(num_kv_blocks=64, async_scheduling=False)
     assert preemptions == 0
-    # 20 blocks of 16 tokens for 5 concurrent requests of ~100-150 tokens: constant preemption.
+    # 7 blocks of 16 tokens for 2 concurrent requests of ~60 and ~90 tokens: preempted as they grow.
     outs, preemptions, stats = _structured_chat(
-        num_kv_blocks=20, async_scheduling=True, speculative_config=SELF_DRAFT
+        num_kv_blocks=7, async_scheduling=True, speculative_config=NGRAM
     )
     assert preemptions > 0
-    assert stats["num_drafts"] > 0 and stats["num_invalid_spec_tokens"] > 0
+    assert stats["num_drafts"] > 0
     for i, ((kind, schema, _), r, o) in enumerate(zip(PREEMPT_REQS, ref, outs)):
         assert r.finish_reason == o.finish_reason == "stop", f"#{i} ({kind}): {o.text!r}"
         jsonschema.validate(json.loads(o.text), schema)

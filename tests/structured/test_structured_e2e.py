@@ -1,20 +1,19 @@
 """Structured outputs through the OpenAI server under speculation and async scheduling (real model).
 
 The CI-sized version of the acceptance run (``benchmarks/bench_structured.py`` runs all 50 requests
-through all eight arms, see BENCHMARKS.md): one request per schema (nested objects, arrays, enums;
-chat with ``response_format``, and completions with vLLM's ``guided_json`` for the last), greedy,
-through one ``tandem serve`` per arm: the reference (no speculation, async off), ``ngram`` with async
-on, ``draft_model`` (the target as its own draft) with async off and ``eagle`` (a random head: every
-draft is cut or rejected) with async on. Every output is JSON that validates against its schema and
-every arm gives the reference's tokens (or first differs at a proven near-tie). The reference server
-also checks the 400s for bad constraints and ``json_object`` / ``guided_choice``.
+through all eight arms, see BENCHMARKS.md; in CI, ``draft_model`` and ``eagle`` are covered by the
+tiny-checkpoint tests in every async mode): three requests (a person, a weather report with enums
+and an array, a task through completions with vLLM's ``guided_json``; the others through chat with
+``response_format``), greedy, through one ``tandem serve`` per arm: the reference (no speculation,
+async off) and ``ngram`` with async on (``eagle`` with a random head passed here too, at twice the
+cost). Every output is JSON that validates against its schema and every arm gives the reference's
+tokens (or first differs at a proven near-tie). The reference server also checks the 400s for bad
+constraints and ``json_object`` / ``guided_choice``.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import openai
 import pytest
 
@@ -23,7 +22,6 @@ from tests.structured.serving import (
     MODEL,
     ArmRun,
     check_valid,
-    random_eagle_head,
     run_arm,
     same_as_reference,
     select,
@@ -33,7 +31,7 @@ from tests.structured.serving import (
 pytestmark = pytest.mark.slow
 pytest.importorskip("xgrammar")
 
-REQS = select([0, 11, 22, 33, 49])  # one per schema; #49 goes through completions + guided_json
+REQS = select([0, 33, 49])  # #49 goes through completions + guided_json
 
 
 def _check_errors(server: RemoteServer) -> None:
@@ -58,11 +56,14 @@ def _check_errors(server: RemoteServer) -> None:
         assert err.value.status_code == 400
         assert "structured_outputs" in str(err.value), str(err.value)
     r = client.chat.completions.create(
-        model=MODEL, messages=msgs, max_tokens=64, temperature=0,  # type: ignore[arg-type]
+        model=MODEL, messages=msgs, max_tokens=48, temperature=0,  # type: ignore[arg-type]
         response_format={"type": "json_object"},
     )
-    assert r.choices[0].finish_reason == "stop"
-    assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
+    text = r.choices[0].message.content or ""
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict), text
+    else:  # a long object cut by max_tokens: still an object, not another JSON value
+        assert text.lstrip().startswith("{"), text
     r = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Is the sky blue?"}],  # type: ignore[list-item]
@@ -78,19 +79,14 @@ def reference() -> ArmRun:
     return run
 
 
-@pytest.fixture(scope="module")
-def eagle_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return random_eagle_head(tmp_path_factory.mktemp("eagle") / "head")
-
-
-ARMS = [("ngram", True), ("draft_model", False), ("eagle", True)]
+ARMS = [("ngram", True)]
 
 
 @pytest.mark.parametrize(("spec", "async_on"), ARMS, ids=[f"{s}-async_{a}" for s, a in ARMS])
 def test_schema_requests_valid_and_identical(
-    reference: ArmRun, eagle_head: Path, spec: str, async_on: bool
+    reference: ArmRun, spec: str, async_on: bool
 ) -> None:
-    run = run_arm(spec, async_on, REQS, concurrency=len(REQS), eagle_head=eagle_head)
+    run = run_arm(spec, async_on, REQS, concurrency=len(REQS))
     check_valid(REQS, run.results, run.label)
     identical = sum(
         same_as_reference(r, g, f"{run.label} #{i}")
