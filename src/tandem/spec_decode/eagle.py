@@ -40,30 +40,36 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def shared_head_tensors(
-    cfg: HeadConfig, tensors: dict[str, torch.Tensor], target: CausalLM, share_always: bool = False
+    cfg: HeadConfig,
+    tensors: dict[str, torch.Tensor],
+    target: CausalLM,
+    share_always: bool = False,
+    target_vocab: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(embedding, draft LM head [Vd, H], draft→target map) by the sharing rules: the head's own tensors
     when it has them and they differ from the target's, else the target's very tensors (views for a
     leading slice). ``share_always`` (MTP): the target's, whatever the checkpoint holds. Pops the
     embedding / LM head / maps out of ``tensors``."""
     dtype, device, vd = target.dtype, target.device, cfg.draft_vocab_size
+    # The target's whole-vocabulary embedding and LM head (``target_vocab``: gathered under TP).
+    target_embed, target_head = target_vocab or (target.embed_tokens, target.lm_head)
     own_embed = tensors.pop("embed_tokens.weight", None)
     own_head = tensors.pop("lm_head.weight", None)
     d2t = tensors.pop("d2t", None)
     tensors.pop("t2d", None)
     if share_always:
         own_embed = own_head = None
-    embed = target.embed_tokens
-    if own_embed is not None and not _same(own_embed, target.embed_tokens):
+    embed = target_embed
+    if own_embed is not None and not _same(own_embed, target_embed):
         embed = own_embed.to(device=device, dtype=dtype).contiguous()
     draft_map = None
     if d2t is not None:
         draft_map = torch.arange(vd) + d2t.long()
         if torch.equal(draft_map, torch.arange(vd)):
             draft_map = None  # a leading slice of the vocabulary
-    if own_head is not None and own_head.shape[0] == cfg.vocab_size and _same(own_head, target.lm_head):
+    if own_head is not None and own_head.shape[0] == cfg.vocab_size and _same(own_head, target_head):
         own_head = None
-    source = target.lm_head if own_head is None else own_head.to(device=device, dtype=dtype).contiguous()
+    source = target_head if own_head is None else own_head.to(device=device, dtype=dtype).contiguous()
     if source.shape[0] == vd:
         lm_head = source
     elif draft_map is None:
@@ -80,7 +86,6 @@ class DraftHeadProposer(Proposer):
     device_native = True
     needs_lookahead_slots = True
     needs_prefill_steps: ClassVar[bool] = True
-    SUPPORTS_TENSOR_PARALLEL = False  # shares the target's embedding / LM head, vocab-sharded under TP
 
     def __init__(
         self,
@@ -108,9 +113,13 @@ class DraftHeadProposer(Proposer):
         num_kv_blocks: int,
         block_size: int,
     ) -> DraftHeadProposer:
-        if getattr(getattr(target, "comm", None), "world_size", 1) > 1:
-            raise ValueError(f"speculative method {cfg.method!r} does not support tensor parallelism yet")
-        embed, lm_head, draft_map = shared_head_tensors(cfg, tensors, target, share_always=cfg.method == "mtp")
+        # Under tensor parallelism drafts are replicated: every rank runs the whole head, so it gets
+        # the whole vocabulary (gathered from the target's shards once; every rank builds this).
+        comm = getattr(target, "comm", None)
+        full = target.full_vocab_tensors() if comm is not None and comm.world_size > 1 else None
+        embed, lm_head, draft_map = shared_head_tensors(
+            cfg, tensors, target, share_always=cfg.method == "mtp", target_vocab=full
+        )
         head = DraftHead(
             cfg, tensors, embed=embed, lm_head=lm_head, draft_map=draft_map, dtype=target.dtype,
             device=target.device, linear=target.linear,
