@@ -15,7 +15,8 @@ from tandem.config import SpeculativeConfig
 from tandem.model.loader import load_checkpoint
 from tandem.model.transformer import CausalLM
 from tandem.spec_decode.eagle import DraftHeadProposer
-from tandem.spec_decode.eagle_checkpoint import HeadConfig, expected_shapes, load_eagle_head, save_eagle_head
+from tandem.spec_decode.eagle_checkpoint import HeadConfig, expected_shapes, load_eagle_head
+from tandem.spec_decode.head_writer import save_eagle_head
 from tandem.spec_decode.factory import build_proposer
 from tests.spec_decode.tiny_heads import H, add_mtp, tiny_target, write_eagle, write_eagle3
 

@@ -57,7 +57,8 @@ def random_eagle_head(out_dir: Path, model: str = MODEL, seed: int = 0) -> Path:
     import torch
 
     from tandem.model.loader.model_info import load_model_args
-    from tandem.spec_decode.eagle_checkpoint import HeadConfig, expected_shapes, save_eagle_head
+    from tandem.spec_decode.eagle_checkpoint import HeadConfig, expected_shapes
+    from tandem.spec_decode.head_writer import save_eagle_head
 
     cfg = HeadConfig.for_target("eagle", load_model_args(model))
     required, _ = expected_shapes(cfg)

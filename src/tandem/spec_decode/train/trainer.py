@@ -31,14 +31,8 @@ from torch import nn
 from tqdm import tqdm
 
 from tandem.model.loader import load_checkpoint
-from tandem.spec_decode.eagle_checkpoint import (
-    HeadConfig,
-    default_eagle3_layer_ids,
-    check_eagle3_layer_ids,
-    mtp_config_keys,
-    mtp_file_tensors,
-    save_eagle_head,
-)
+from tandem.spec_decode.eagle_checkpoint import HeadConfig, check_eagle3_layer_ids, default_eagle3_layer_ids
+from tandem.spec_decode.head_writer import mtp_config_keys, mtp_file_tensors, save_eagle_head
 from tandem.spec_decode.head import DraftHead
 from tandem.spec_decode.train.data import DataSpec, Dataset, build_dataset, select_draft_vocab
 from tandem.spec_decode.train.prompts import stdlib_prompts
