@@ -48,3 +48,31 @@ def assert_greedy_match(
             return False
     assert len(ref_ids) == len(got_ids), f"{label}: lengths {len(ref_ids)} vs {len(got_ids)}"
     return True
+
+
+def start_requests(core, tokenizer, n: int = 4, steps: int = 3):
+    """Add ``n`` long greedy requests (``r0``…) to an engine core and run ``steps`` steps, so that work
+    is in flight when a test then kills a worker. Returns the sampling params used."""
+    from tandem import SamplingParams
+    from tandem.core.request import Request
+
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    for i in range(n):
+        core.add_request(Request(f"r{i}", tokenizer.encode(f"def f{i}():"), params, seed=i))
+    for _ in range(steps):
+        core.step()
+    return params
+
+
+def collect_failures(core, limit_s: float) -> tuple[dict[str, str], float]:
+    """Step the core until no request is left (or ``limit_s`` passes); return the error message of every
+    request that finished with ``error`` and the seconds it took."""
+    import time
+
+    t0 = time.monotonic()
+    failed: dict[str, str] = {}
+    while core.has_unfinished_requests() and time.monotonic() - t0 < limit_s:
+        for out in core.step():
+            if out.finish_reason == "error":
+                failed[out.req_id] = out.error or ""
+    return failed, time.monotonic() - t0

@@ -11,10 +11,9 @@ import time
 
 import pytest
 
-from tandem import LLM, SamplingParams
-from tandem.core.request import Request
+from tandem import LLM
 from tests.distributed.common import GREEDY, N_PROMPTS, NGRAM, check_against_reference
-from tests.helpers import humaneval_prompts
+from tests.helpers import collect_failures, humaneval_prompts, start_requests
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("the ray executor needs Ray: pip install 'tandem-llm[ray]'", allow_module_level=True)
@@ -110,20 +109,10 @@ def test_ray_tp2_matches_tp1(cluster, reference: list) -> None:
 
 def test_ray_killed_actor_fails_requests_fast(cluster) -> None:
     llm = LLM(max_num_seqs=4, executor_backend="ray", tensor_parallel_size=2)
-    core, tok = llm.engine.core, llm.tokenizer
-    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    for i in range(4):
-        core.add_request(Request(f"r{i}", tok.encode(f"def f{i}():"), params, seed=i))
-    for _ in range(3):
-        core.step()
+    core = llm.engine.core
+    start_requests(core, llm.tokenizer)
     os.kill(core.executor.pids[1], signal.SIGKILL)
-    t0 = time.monotonic()
-    failed: dict[str, str] = {}
-    while core.has_unfinished_requests() and time.monotonic() - t0 < 60:
-        for out in core.step():
-            if out.finish_reason == "error":
-                failed[out.req_id] = out.error or ""
-    elapsed = time.monotonic() - t0
+    failed, elapsed = collect_failures(core, 60)
     assert set(failed) == {f"r{i}" for i in range(4)}
     assert elapsed < 15, elapsed
     assert all("ray worker died (rank 1)" in e for e in failed.values()), failed

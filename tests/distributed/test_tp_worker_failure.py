@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from tandem import LLM, SamplingParams
-from tandem.core.request import Request
+from tandem import LLM
 from tandem.engine.llm import EngineDeadError
 from tandem.executor.base import ExecutorError
+from tests.helpers import collect_failures, start_requests
 
 pytestmark = pytest.mark.slow
 
@@ -23,20 +23,11 @@ def test_killed_rank_fails_requests_fast(rank: int, async_on: bool) -> None:
     llm = LLM(
         max_num_seqs=4, executor_backend="mp", tensor_parallel_size=2, async_scheduling=async_on
     )
-    core, tok = llm.engine.core, llm.tokenizer
-    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    for i in range(4):
-        core.add_request(Request(f"r{i}", tok.encode(f"def f{i}():"), params, seed=i))
-    for _ in range(3):
-        core.step()
+    core = llm.engine.core
+    params = start_requests(core, llm.tokenizer)
     os.kill(core.executor.processes[rank].pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    failed: dict[str, str] = {}
-    while core.has_unfinished_requests() and time.monotonic() - t0 < 30:
-        for out in core.step():
-            if out.finish_reason == "error":
-                failed[out.req_id] = out.error or ""
-    assert time.monotonic() - t0 < 10
+    failed, elapsed = collect_failures(core, 30)
+    assert elapsed < 10
     assert set(failed) == {f"r{i}" for i in range(4)}
     # The dead rank is named, even when the surviving rank's broken collective reports first.
     assert all(f"worker process died (rank {rank}, exit code -9)" in e for e in failed.values()), failed
