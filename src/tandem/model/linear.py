@@ -5,18 +5,24 @@ Every projection is ``y = x @ W^T (+ bias)`` or, where a residual add follows, `
 low-precision weights and decode-sized inputs, picks the formulation torch's CPU kernels run fastest
 (measured on the 2-core dev machine, all 30 layers of SmolLM2-135M plus its LM head, bf16):
 ``mv`` for a single row (17 ms instead of 22 ms per step at 2 threads) and ``W @ x^T`` for a few rows
-(21.5 ms instead of 23.5 ms at 16 rows). float32 goes to the reference: MKL's ``x @ W^T`` is already at
-memory bandwidth for one row and was the fastest for 16. Both are tested against ``torch``.
+(21.5 ms instead of 23.5 ms at 16 rows). float32 goes to the reference: MKL's ``x @ W^T`` is at memory
+bandwidth for one or two rows. ``onednn`` (the CPU default) runs oneDNN's linear on weights re-laid out
+once into its blocked format: MKL's fp32 GEMM is far from bandwidth for 3-64 rows (the verify rows of
+speculative decoding, a 16-way decode batch): all 30 SmolLM2 gate/up projections took 20.3 / 27.5 / 28.2 ms
+at 4 / 8 / 16 rows against 14.1 / 16.4 / 19.9 ms packed (12 ms is the one-row, bandwidth-bound time), and
+bf16 9.6-10 ms packed against 12-14 ms for 2-16 rows. All are tested against ``torch``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 class LinearKernels(Protocol):
@@ -89,14 +95,103 @@ class CpuLinear(TorchLinear):
         return torch.addmm(residual, x, weight.t())
 
 
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN's packed-weight linear (every x86 CPU build does)."""
+    ops = torch.ops.mkldnn
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(ops, "_linear_pointwise")
+        and hasattr(ops, "_reorder_linear_weight")
+    )
+
+
+def _version_of(t: torch.Tensor) -> int:
+    """The in-place update counter; inference tensors have none (and cannot change outside inference
+    mode), so they count as never updated."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
+class OneDnnLinear(CpuLinear):
+    """oneDNN's linear over weights packed once into its blocked layout; the rest as :class:`CpuLinear`.
+
+    A weight is packed on first use and cached with the identity and version of the tensor it came from,
+    so an in-place update of the weight repacks it (never a stale product). Only frozen CPU parameters
+    are packed (trainable or temporary tensors take the :class:`CpuLinear` path), so the cache holds one
+    packed copy per model weight: the price is that memory, once.
+    """
+
+    name = "onednn"
+    PACK_ROWS_HINT = 16  # oneDNN chooses the blocked layout for this many rows; measured best for 1-64
+    LARGE_OUT = 8192  # fp32 weights with this many output rows (LM heads) are packed even for one row
+
+    def __init__(self, small_rows: int = 32) -> None:
+        super().__init__(small_rows)
+        self._enabled = onednn_available()
+        self._packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+
+    def _packed_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        rows = x.shape[0]
+        if not self._enabled or rows == 0 or x.device.type != "cpu":
+            return None
+        if not isinstance(weight, nn.Parameter) or weight.requires_grad or x.requires_grad:
+            return None
+        if x.dtype == torch.float32:
+            if rows < 3 and weight.shape[0] < self.LARGE_OUT:
+                return None  # MKL's one- and two-row product is already bandwidth-bound
+        elif x.dtype == torch.bfloat16:
+            if rows == 1:
+                return None  # ``mv`` (CpuLinear) is as fast and keeps the LM head's fast path
+        else:
+            return None
+        version = _version_of(weight)
+        hit = self._packed.get(id(weight))
+        if hit is not None and hit[0] is weight and hit[1] == version:
+            return hit[2]
+        with torch.no_grad():
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self.PACK_ROWS_HINT)
+        self._packed[id(weight)] = (weight, version, packed)
+        return packed
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        packed = self._packed_for(x, weight)
+        if packed is None:
+            return super().linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+    def linear_add(
+        self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
+    ) -> torch.Tensor:
+        packed = self._packed_for(x, weight)
+        if packed is None:
+            return super().linear_add(residual, x, weight)
+        return torch.ops.mkldnn._linear_pointwise.binary(
+            x.contiguous(), residual.contiguous(), packed, None, "add"
+        )
+
+
 LINEAR_KERNELS: Mapping[str, Callable[[], LinearKernels]] = MappingProxyType(
-    {"torch": TorchLinear, "cpu": CpuLinear}
+    {"torch": TorchLinear, "cpu": CpuLinear, "onednn": OneDnnLinear}
 )
 
 
 def default_linear_kernels(device: torch.device | str) -> str:
-    """``cpu`` formulations on CPU, the plain reference elsewhere (cuBLAS handles small shapes)."""
-    return "cpu" if torch.device(device).type == "cpu" else "torch"
+    """``onednn`` on CPU (``cpu`` where the build lacks oneDNN), the plain reference elsewhere
+    (cuBLAS handles small shapes). ``TANDEM_LINEAR_KERNELS`` names another (for A/B measurements)."""
+    override = os.environ.get("TANDEM_LINEAR_KERNELS")
+    if override:
+        if override not in LINEAR_KERNELS:
+            raise ValueError(
+                f"TANDEM_LINEAR_KERNELS={override!r}; registered: {sorted(LINEAR_KERNELS)}"
+            )
+        return override
+    if torch.device(device).type != "cpu":
+        return "torch"
+    return "onednn" if onednn_available() else "cpu"
 
 
 def create_linear_kernels(name: str) -> LinearKernels:

@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--work-dir", default=None, help="data and resumable checkpoints (default: OUT.work)")
     p.add_argument("--num-prompts", type=int, default=512)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--corpus-tokens", type=int, default=0,
+                   help="also train on this many tokens of standard-library source (teacher-forced)")
+    p.add_argument("--corpus-chunk", type=int, default=256, help="tokens per corpus sample")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-tokens", type=int, default=4096)
@@ -39,7 +42,8 @@ def _train(ns: argparse.Namespace) -> int:
 
     cfg = TrainConfig(
         method=ns.method, out=ns.out, target=ns.target, work_dir=ns.work_dir, num_prompts=ns.num_prompts,
-        max_new_tokens=ns.max_new_tokens, epochs=ns.epochs, lr=ns.lr, batch_tokens=ns.batch_tokens,
+        max_new_tokens=ns.max_new_tokens, corpus_tokens=ns.corpus_tokens, corpus_chunk=ns.corpus_chunk,
+        epochs=ns.epochs, lr=ns.lr, batch_tokens=ns.batch_tokens,
         unroll_steps=ns.unroll_steps, draft_vocab_size=ns.draft_vocab_size,
         eagle3_layer_ids=tuple(ns.eagle3_layer_ids) if ns.eagle3_layer_ids else None,
         feature_weight=ns.feature_weight, seed=ns.seed, threads=ns.threads, ship_dir=ns.ship,

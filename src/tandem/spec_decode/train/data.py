@@ -8,6 +8,10 @@ A shard is one safetensors file of concatenated samples:
 - ``argmax`` [N] int32: the target's greedy prediction for the *next* position.
 Generation and capture run the model exactly as inference does (tandem's engine, then tandem's
 ``CausalLM`` over a paged batch in the inference dtype), so the features are the ones drafting will see.
+
+Corpus shards (``corpus.py``: standard-library source, teacher-forced) have the same fields, with a prompt
+length of 1 (every position may start a chain); they live in their own directory, keyed by
+:class:`CorpusSpec`, and load after the generated samples (``Dataset.num_generated``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,21 @@ class DataSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+@dataclass(frozen=True)
+class CorpusSpec:
+    target: str
+    num_tokens: int
+    chunk_tokens: int
+    seed: int
+    aux_layer_ids: tuple[int, ...]  # vLLM convention
+    shard_tokens: int = 32768
+
+    def key(self) -> str:
+        text = json.dumps(["corpus", self.target, self.num_tokens, self.chunk_tokens, self.seed,
+                           list(self.aux_layer_ids), self.shard_tokens])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 @dataclass
 class Dataset:
     tokens: torch.Tensor  # [N] int64
@@ -50,6 +69,11 @@ class Dataset:
     final: torch.Tensor  # [N, H] fp16
     aux: torch.Tensor  # [N, 3H] fp16
     argmax: torch.Tensor  # [N] int64
+    num_generated: int = -1  # samples [0, num_generated) are generated responses; the rest corpus text
+
+    def __post_init__(self) -> None:
+        if self.num_generated < 0:
+            self.num_generated = self.num_samples
 
     @property
     def num_samples(self) -> int:
@@ -59,8 +83,9 @@ class Dataset:
         return slice(self.offsets[i], self.offsets[i + 1])
 
     def response_tokens(self) -> torch.Tensor:
+        """The generated responses' tokens (corpus samples have no response)."""
         return torch.cat([self.tokens[self.offsets[i] + self.prompt_lens[i] : self.offsets[i + 1]]
-                          for i in range(self.num_samples)])
+                          for i in range(self.num_generated)])
 
 
 @torch.inference_mode()
@@ -99,8 +124,9 @@ def capture(
     return torch.cat(finals), torch.cat(auxes), torch.cat(argmaxes)
 
 
-def build_dataset(spec: DataSpec, work_dir: Path, prompts: list[str]) -> Dataset:
-    """Generate and capture every shard not on disk yet, then load them all."""
+def build_dataset(spec: DataSpec, work_dir: Path, prompts: list[str],
+                  corpus_files: Sequence[Path] = ()) -> Dataset:
+    """Generate and capture every shard not on disk yet, then load them all (corpus shards after)."""
     from tandem import LLM, SamplingParams
     from tandem.model.loader import load_checkpoint
 
@@ -125,38 +151,76 @@ def build_dataset(spec: DataSpec, work_dir: Path, prompts: list[str]) -> Dataset
         for j in tqdm(todo, desc="data: generate + capture", unit="shard"):
             outs = llm.generate(shards[j], params, use_tqdm=False)
             seqs = [list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outs]
-            final, aux_h, argmax = capture(model, seqs, aux)
-            lens = [len(s) for s in seqs]
-            offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
-            save_file(
-                {
-                    "tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
-                    "offsets": offsets,
-                    "prompt_lens": torch.tensor([len(o.prompt_token_ids) for o in outs], dtype=torch.int32),
-                    "final": final.contiguous(),
-                    "aux": aux_h.contiguous(),
-                    "argmax": argmax.to(torch.int32),
-                },
-                str(data_dir / f"shard-{j:03d}.safetensors"),
-            )
+            _save_shard(model, seqs, [len(o.prompt_token_ids) for o in outs], aux,
+                        data_dir / f"shard-{j:03d}.safetensors")
         llm.shutdown()
-    return load_dataset(sorted(data_dir.glob("shard-*.safetensors")))
+    return load_dataset(sorted(data_dir.glob("shard-*.safetensors")), corpus_files)
 
 
-def load_dataset(files: Sequence[Path]) -> Dataset:
+def _save_shard(model: CausalLM, seqs: Sequence[Sequence[int]], prompt_lens: Sequence[int],
+                aux: tuple[int, ...], path: Path) -> None:
+    final, aux_h, argmax = capture(model, seqs, aux)
+    lens = [len(s) for s in seqs]
+    offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
+    tmp = path.with_suffix(".tmp")
+    save_file(
+        {
+            "tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
+            "offsets": offsets,
+            "prompt_lens": torch.tensor(list(prompt_lens), dtype=torch.int32),
+            "final": final.contiguous(),
+            "aux": aux_h.contiguous(),
+            "argmax": argmax.to(torch.int32),
+        },
+        str(tmp),
+    )
+    tmp.replace(path)  # a shard on disk is complete: an interrupted run redoes only the missing ones
+
+
+def build_corpus(spec: CorpusSpec, work_dir: Path, chunks: Sequence[Sequence[int]]) -> list[Path]:
+    """Capture the target over every corpus chunk not on disk yet; returns the shard files in order."""
+    from tandem.model.loader import load_checkpoint
+
+    data_dir = work_dir / f"corpus-{spec.key()}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "spec.json").write_text(json.dumps(spec.__dict__, indent=2, default=list))
+    shards: list[list[Sequence[int]]] = [[]]
+    size = 0
+    for c in chunks:
+        if size + len(c) > spec.shard_tokens and shards[-1]:
+            shards.append([])
+            size = 0
+        shards[-1].append(c)
+        size += len(c)
+    paths = [data_dir / f"shard-{j:03d}.safetensors" for j in range(len(shards))]
+    todo = [j for j, p in enumerate(paths) if shards[j] and not p.is_file()]
+    if todo:
+        ckpt = load_checkpoint(spec.target, torch.float32)
+        model = CausalLM.from_tensors(ckpt.args, ckpt.tensors, torch.float32)
+        aux = tuple(i - 1 for i in spec.aux_layer_ids)
+        for j in tqdm(todo, desc="data: capture corpus", unit="shard"):
+            _save_shard(model, shards[j], [1] * len(shards[j]), aux, paths[j])
+    return [p for j, p in enumerate(paths) if shards[j]]
+
+
+def load_dataset(files: Sequence[Path], corpus_files: Sequence[Path] = ()) -> Dataset:
+    """Generated shards, then corpus shards (``Dataset.num_generated`` marks the boundary)."""
     tokens, finals, auxes, argmaxes, prompt_lens = [], [], [], [], []
     offsets = [0]
-    for f in files:
+    num_generated = 0
+    for n, f in enumerate([*files, *corpus_files]):
         d = load_file(str(f))
         tokens.append(d["tokens"].long())
         finals.append(d["final"])
         auxes.append(d["aux"])
         argmaxes.append(d["argmax"].long())
         prompt_lens += d["prompt_lens"].tolist()
+        if n < len(files):
+            num_generated = len(prompt_lens)
         base = offsets[-1]
         offsets += [base + int(o) for o in d["offsets"][1:].tolist()]
     return Dataset(torch.cat(tokens), offsets, prompt_lens, torch.cat(finals), torch.cat(auxes),
-                   torch.cat(argmaxes))
+                   torch.cat(argmaxes), num_generated)
 
 
 def select_draft_vocab(data: Dataset, size: int, vocab_size: int) -> torch.Tensor:

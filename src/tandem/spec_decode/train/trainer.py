@@ -1,6 +1,8 @@
 """``train-drafter``: self-distil an EAGLE / EAGLE-3 / MTP head for a target, on this machine's CPU.
 
-1. data (``data.py``): standard-library prompts, the target's greedy responses, its hidden states;
+1. data (``data.py``): standard-library prompts, the target's greedy responses, its hidden states; plus,
+   with ``corpus_tokens``, teacher-forced standard-library source (``corpus.py``) with the target's
+   features and greedy predictions at every position (held-out samples are generated responses only);
 2. a head shaped like one target decoder layer, initialised from the target's last layer (fc passing the
    feature through), embedding and LM head shared with the target and frozen (EAGLE-3: its own draft-vocab
    head, initialised from the target's rows of the most frequently predicted tokens);
@@ -34,7 +36,15 @@ from tandem.model.loader import load_checkpoint
 from tandem.spec_decode.eagle_checkpoint import HeadConfig, check_eagle3_layer_ids, default_eagle3_layer_ids
 from tandem.spec_decode.head_writer import mtp_config_keys, mtp_file_tensors, save_eagle_head
 from tandem.spec_decode.head import DraftHead
-from tandem.spec_decode.train.data import DataSpec, Dataset, build_dataset, select_draft_vocab
+from tandem.spec_decode.train.corpus import stdlib_source_chunks
+from tandem.spec_decode.train.data import (
+    CorpusSpec,
+    DataSpec,
+    Dataset,
+    build_corpus,
+    build_dataset,
+    select_draft_vocab,
+)
 from tandem.spec_decode.train.prompts import stdlib_prompts
 from tandem.spec_decode.train.unroll import Batch, LossWeights, acceptance, losses, unrolled_forward
 
@@ -50,6 +60,8 @@ class TrainConfig:
     work_dir: str | None = None  # data and checkpoints; default: <out>.work
     num_prompts: int = 512
     max_new_tokens: int = 128
+    corpus_tokens: int = 0  # teacher-forced standard-library source tokens added to the data
+    corpus_chunk: int = 256
     epochs: int = 8
     lr: float = 1e-3
     batch_tokens: int = 4096
@@ -199,11 +211,22 @@ def train_drafter(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     t0 = time.time()
     prompts = stdlib_prompts(cfg.num_prompts, cfg.seed)
     spec = DataSpec(cfg.target, len(prompts), cfg.max_new_tokens, cfg.seed, aux_ids)
-    data = build_dataset(spec, work, prompts)
+    corpus_files: list[Path] = []
+    if cfg.corpus_tokens > 0:
+        from tandem.model.loader import load_tokenizer
+
+        tok = load_tokenizer(cfg.target)
+        chunks = stdlib_source_chunks(lambda text: tok.encode(text), cfg.corpus_tokens, cfg.corpus_chunk, cfg.seed)
+        cspec = CorpusSpec(cfg.target, cfg.corpus_tokens, cfg.corpus_chunk, cfg.seed, aux_ids)
+        corpus_files = build_corpus(cspec, work, chunks)
+    data = build_dataset(spec, work, prompts, corpus_files)
+    gen_end = data.offsets[data.num_generated]
     log["data"] = {
         "samples": data.num_samples,
+        "generated_samples": data.num_generated,
         "tokens": int(data.tokens.numel()),
         "response_tokens": int(data.response_tokens().numel()),
+        "corpus_tokens": int(data.tokens.numel()) - gen_end,
         "seconds": round(time.time() - t0, 1),
     }
 
@@ -230,10 +253,12 @@ def train_drafter(cfg: TrainConfig, progress: bool = True) -> TrainResult:
 
     # 3. split, schedule, resume
     rng = random.Random(cfg.seed)
-    samples = list(range(data.num_samples))
+    # Held out: generated responses only, so the acceptance estimate is the inference chain's.
+    samples = list(range(data.num_generated))
     rng.shuffle(samples)
     n_val = max(1, int(len(samples) * cfg.val_fraction))
-    val_idx, train_idx = sorted(samples[:n_val]), samples[n_val:]
+    val_idx = sorted(samples[:n_val])
+    train_idx = samples[n_val:] + list(range(data.num_generated, data.num_samples))
     lengths = [data.offsets[i + 1] - data.offsets[i] - 1 for i in range(data.num_samples)]
     steps_per_epoch = len(plan_batches(lengths, train_idx, cfg.batch_tokens, random.Random(0)))
     total_steps = steps_per_epoch * cfg.epochs
