@@ -90,8 +90,10 @@ def shipped_mtp_for_target(checkpoint: Checkpoint | None) -> Path | None:
 
 
 def _stamp(layer_dir: Path) -> str:
-    st = (layer_dir / MTP_LAYER_FILE).stat()
-    return f"{st.st_size}:{int(st.st_mtime)}"
+    """The shipped layer's content hash: a retrained layer (same size, any mtime) rebuilds the cache."""
+    import hashlib
+
+    return hashlib.sha256((layer_dir / MTP_LAYER_FILE).read_bytes()).hexdigest()
 
 
 def assemble_mtp_checkpoint(
