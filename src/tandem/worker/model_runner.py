@@ -208,8 +208,11 @@ class ModelRunner:
                         bad_words_token_ids=bad,
                     )
                 )
-        idx = torch.tensor([step.row_to_logit[r] for p in plans for r in p.sample_rows])
-        rows_logits = logits.index_select(0, idx.to(logits.device))
+        idx = [step.row_to_logit[r] for p in plans for r in p.sample_rows]
+        if idx == list(range(logits.shape[0])):
+            rows_logits = logits  # every logits row samples, in order (plain decode): no [N, V] copy
+        else:
+            rows_logits = logits.index_select(0, torch.tensor(idx, device=logits.device))
         if masks is not None:
             rows_logits = masks.apply(rows_logits)
         meta = SamplingMetadata.build(rows, self.vocab_size, logits.device)
