@@ -128,8 +128,6 @@ def build_dataset(spec: DataSpec, work_dir: Path, prompts: list[str],
                   corpus_files: Sequence[Path] = ()) -> Dataset:
     """Generate and capture every shard not on disk yet, then load them all (corpus shards after)."""
     from tandem import LLM, SamplingParams
-    from tandem.model.loader import load_checkpoint
-
     from tandem.model.loader import load_tokenizer
     from tandem.model.loader.model_info import load_model_args
 
@@ -145,9 +143,7 @@ def build_dataset(spec: DataSpec, work_dir: Path, prompts: list[str],
     if todo:
         llm = LLM(spec.target, max_num_seqs=32, seed=spec.seed, async_scheduling=False)
         params = SamplingParams(temperature=0.0, max_tokens=spec.max_new_tokens)
-        ckpt = load_checkpoint(spec.target, torch.float32)
-        model = CausalLM.from_tensors(ckpt.args, ckpt.tensors, torch.float32)
-        aux = tuple(i - 1 for i in spec.aux_layer_ids)
+        model, aux = _capture_model(spec.target, spec.aux_layer_ids)
         for j in tqdm(todo, desc="data: generate + capture", unit="shard"):
             outs = llm.generate(shards[j], params, use_tqdm=False)
             seqs = [list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outs]
@@ -177,10 +173,16 @@ def _save_shard(model: CausalLM, seqs: Sequence[Sequence[int]], prompt_lens: Seq
     tmp.replace(path)  # a shard on disk is complete: an interrupted run redoes only the missing ones
 
 
-def build_corpus(spec: CorpusSpec, work_dir: Path, chunks: Sequence[Sequence[int]]) -> list[Path]:
-    """Capture the target over every corpus chunk not on disk yet; returns the shard files in order."""
+def _capture_model(target: str, aux_layer_ids: tuple[int, ...]) -> tuple[CausalLM, tuple[int, ...]]:
+    """The target as capture runs it (float32), and the EAGLE-3 layers as tandem indices."""
     from tandem.model.loader import load_checkpoint
 
+    ckpt = load_checkpoint(target, torch.float32)
+    return CausalLM.from_tensors(ckpt.args, ckpt.tensors, torch.float32), tuple(i - 1 for i in aux_layer_ids)
+
+
+def build_corpus(spec: CorpusSpec, work_dir: Path, chunks: Sequence[Sequence[int]]) -> list[Path]:
+    """Capture the target over every corpus chunk not on disk yet; returns the shard files in order."""
     data_dir = work_dir / f"corpus-{spec.key()}"
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "spec.json").write_text(json.dumps(spec.__dict__, indent=2, default=list))
@@ -195,9 +197,7 @@ def build_corpus(spec: CorpusSpec, work_dir: Path, chunks: Sequence[Sequence[int
     paths = [data_dir / f"shard-{j:03d}.safetensors" for j in range(len(shards))]
     todo = [j for j, p in enumerate(paths) if shards[j] and not p.is_file()]
     if todo:
-        ckpt = load_checkpoint(spec.target, torch.float32)
-        model = CausalLM.from_tensors(ckpt.args, ckpt.tensors, torch.float32)
-        aux = tuple(i - 1 for i in spec.aux_layer_ids)
+        model, aux = _capture_model(spec.target, spec.aux_layer_ids)
         for j in tqdm(todo, desc="data: capture corpus", unit="shard"):
             _save_shard(model, shards[j], [1] * len(shards[j]), aux, paths[j])
     return [p for j, p in enumerate(paths) if shards[j]]

@@ -159,7 +159,7 @@ def train_drafter(cfg: TrainConfig, progress: bool = True) -> TrainResult:
         from tandem.model.loader import load_tokenizer
 
         tok = load_tokenizer(cfg.target)
-        chunks = stdlib_source_chunks(lambda text: tok.encode(text), cfg.corpus_tokens, cfg.corpus_chunk, cfg.seed)
+        chunks = stdlib_source_chunks(tok.encode, cfg.corpus_tokens, cfg.corpus_chunk, cfg.seed)
         cspec = CorpusSpec(cfg.target, cfg.corpus_tokens, cfg.corpus_chunk, cfg.seed, aux_ids)
         corpus_files = build_corpus(cspec, work, chunks)
     data = build_dataset(spec, work, prompts, corpus_files)
