@@ -16,6 +16,7 @@ import torch
 from tandem.model.attention import (
     ATTENTION_BACKENDS,
     AttentionBackend,
+    PagedCpuBackend,
     SdpaBackend,
     create_attention_backend,
 )
@@ -41,6 +42,9 @@ BACKENDS: dict[str, Callable[[torch.dtype], AttentionBackend]] = {
     # The same SDPA kernel with every multi-token query sent down one path or the other.
     "sdpa-all-long": lambda dtype: SdpaBackend(dtype, short_query_max=1),
     "sdpa-all-grouped": lambda dtype: SdpaBackend(dtype, short_query_max=1000),
+    # The native kernel for every query (prefill chunks too), and for none.
+    "paged_cpu-all-short": lambda dtype: PagedCpuBackend(dtype, short_query_max=1000),
+    "paged_cpu-all-long": lambda dtype: PagedCpuBackend(dtype, short_query_max=0),
 }
 
 
@@ -71,10 +75,10 @@ def run_case(
     block_size: int,
     dtype: torch.dtype,
     seed: int = 0,
+    head_dim: int = 16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``backend`` on one random batch; returns (its output, the dense reference)."""
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-    head_dim = 16
     blocks_per_req = [-(-(c + q) // block_size) for c, q in layout]
     num_blocks = sum(blocks_per_req) + 3
     pool = list(range(num_blocks))
@@ -148,7 +152,7 @@ def test_backend_bf16_is_close(backend_name: str) -> None:
 def test_registry_names_unknown_backend() -> None:
     with pytest.raises(ValueError, match="unknown attention backend 'flash9'"):
         create_attention_backend("flash9", torch.float32)
-    assert {"sdpa", "naive"} <= set(ATTENTION_BACKENDS)
+    assert {"paged_cpu", "sdpa", "naive"} <= set(ATTENTION_BACKENDS)
 
 
 def test_sdpa_metadata_groups_decodes_into_one_call() -> None:

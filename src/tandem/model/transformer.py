@@ -16,9 +16,9 @@ from torch import nn
 
 from tandem.distributed.communicator import SINGLE_RANK, Communicator
 from tandem.model.attention import (
-    DEFAULT_ATTENTION_BACKEND,
     AttentionBackend,
     create_attention_backend,
+    default_attention_backend,
 )
 from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.layers import DecoderLayer, LayerContext, unit_rms
@@ -94,18 +94,21 @@ class CausalLM(nn.Module):
         tensors: Mapping[str, torch.Tensor],
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
-        attn_backend: str | AttentionBackend = DEFAULT_ATTENTION_BACKEND,
+        attn_backend: str | AttentionBackend | None = None,
         linear_kernels: str | None = None,
         comm: Communicator = SINGLE_RANK,
     ) -> CausalLM:
         """Build from Hugging Face-named tensors; raises ``ValueError`` naming any bad tensor.
 
-        ``attn_backend`` names a registered attention backend (or is one); ``linear_kernels`` names
+        ``attn_backend`` names a registered attention backend (or is one; default
+        :func:`default_attention_backend`); ``linear_kernels`` names
         the matrix-product formulations (default: ``cpu`` on CPU, ``torch`` elsewhere). ``comm``: this
         rank's tensor-parallel communicator (only the rank's weight slices are kept).
         """
         if not dtype.is_floating_point:
             raise ValueError(f"model dtype must be floating point, got {dtype}")
+        if attn_backend is None:
+            attn_backend = default_attention_backend()
         backend = (
             create_attention_backend(attn_backend, dtype)
             if isinstance(attn_backend, str)

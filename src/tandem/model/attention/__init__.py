@@ -7,6 +7,7 @@ naive reference.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
@@ -14,13 +15,25 @@ import torch
 
 from tandem.model.attention.base import AttentionBackend, slots_for_positions, write_kv
 from tandem.model.attention.naive import NaiveBackend
+from tandem.model.attention.paged_cpu import PagedCpuBackend
 from tandem.model.attention.sdpa import SdpaBackend
 
-DEFAULT_ATTENTION_BACKEND = "sdpa"
+# paged_cpu runs the native kernel for short queries on CPU tensors and is SDPA everywhere else.
+DEFAULT_ATTENTION_BACKEND = "paged_cpu"
 
 ATTENTION_BACKENDS: Mapping[str, Callable[[torch.dtype], AttentionBackend]] = MappingProxyType(
-    {"sdpa": SdpaBackend, "naive": NaiveBackend}
+    {"paged_cpu": PagedCpuBackend, "sdpa": SdpaBackend, "naive": NaiveBackend}
 )
+
+
+def default_attention_backend() -> str:
+    """``paged_cpu``, or the backend named by ``TANDEM_ATTENTION_BACKEND`` (for A/B measurements)."""
+    name = os.environ.get("TANDEM_ATTENTION_BACKEND") or DEFAULT_ATTENTION_BACKEND
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"TANDEM_ATTENTION_BACKEND={name!r}; registered: {sorted(ATTENTION_BACKENDS)}"
+        )
+    return name
 
 
 def create_attention_backend(name: str, dtype: torch.dtype) -> AttentionBackend:
@@ -39,8 +52,10 @@ __all__ = [
     "DEFAULT_ATTENTION_BACKEND",
     "AttentionBackend",
     "NaiveBackend",
+    "PagedCpuBackend",
     "SdpaBackend",
     "create_attention_backend",
+    "default_attention_backend",
     "slots_for_positions",
     "write_kv",
 ]

@@ -1,0 +1,107 @@
+"""Native CPU kernels: small C sources compiled on first use with the system C compiler, loaded by ctypes.
+
+Why C and why at run time: a few hot loops (paged attention over short queries) cost far more as a chain
+of torch ops (gather the context, pad, SDPA, scatter) than as one pass over the cache, and a plain C file
+needs no torch headers, no build step at install time and no wheel per platform. The library is built
+once per (source, compiler, CPU flags) into ``$TANDEM_CACHE_DIR/native/<hash>/`` (atomic rename, so
+concurrent first uses are safe) with ``-march=native``, and linked against the OpenMP runtime torch has
+already loaded (``libgomp.so.1``), so both share one thread pool.
+
+Every native kernel has a torch reference path; when no compiler is found, the build fails or
+``TANDEM_NATIVE=0`` is set, :func:`load` returns ``None`` and callers use that path. Tests check each
+kernel against the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch  # noqa: F401  (loads torch's libgomp first, so the kernels share its OpenMP runtime)
+
+log = logging.getLogger(__name__)
+
+_SOURCES = Path(__file__).resolve().parent
+_FLAGS = ["-O3", "-ffast-math", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+def enabled() -> bool:
+    """Native kernels are on unless ``TANDEM_NATIVE=0``."""
+    return os.environ.get("TANDEM_NATIVE", "1") != "0"
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("TANDEM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem"
+    )
+    return Path(root) / "native"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return ""
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(name: str, cc: str) -> Path:
+    source = (_SOURCES / f"{name}.c").read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256(
+        b"\0".join([source, version.encode(), " ".join(_FLAGS).encode(), _cpu_flags().encode()])
+    ).hexdigest()[:16]
+    out_dir = _cache_root() / key
+    target = out_dir / f"lib{name}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        cmd = [cc, *_FLAGS, "-o", tmp, str(_SOURCES / f"{name}.c"), "-lm"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def load(name: str) -> ctypes.CDLL | None:
+    """The compiled library ``name`` (``native/<name>.c``), or ``None`` where native kernels are off or
+    cannot be built (the reason is logged once)."""
+    if not enabled():
+        return None
+    with _lock:
+        if name in _loaded:
+            return _loaded[name]
+        lib = None
+        cc = _compiler()
+        if cc is None:
+            log.warning("native kernel %s unavailable: no C compiler (set CC); using torch ops", name)
+        else:
+            try:
+                lib = ctypes.CDLL(str(_build(name, cc)))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                log.warning("native kernel %s unavailable, using torch ops: %s", name, exc)
+        _loaded[name] = lib
+        return lib

@@ -1,0 +1,282 @@
+/* Paged attention for short queries (decodes, speculative verify rows) on the CPU.
+ *
+ * Reads K and V straight from the paged cache through each request's block table: no gathered copy of the
+ * context, no padding to the batch's longest sequence, one call per layer for every short query in the
+ * batch. One task is (request, KV head): its G = heads / kv_heads query heads times q_len query rows are
+ * scored against each key row it loads.
+ *
+ * Semantics (the same as the torch backends, tandem/model/attention/base.py): query j of a request with
+ * q_len queries and seq_len keys sits at position seq_len - q_len + j and sees keys 0 .. that position.
+ * Scores, softmax and the weighted sum accumulate in float32 for both storage dtypes; a bf16 result is
+ * rounded to nearest-even once at the end.
+ *
+ * Two implementations of a task: portable C for any head size, and an AVX-512 one for head sizes 64 and
+ * 128 (scores of 16 keys reduced together, accumulators in registers, rows prefetched 16 keys ahead).
+ *
+ * Memory safety: every index read from the tables is clamped to the tensors' bounds (a malformed table
+ * can give a wrong answer, never an out-of-bounds read); the Python wrapper checks the query rows.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define TANDEM_PAGED_ATTENTION_ABI 1
+
+typedef struct {
+    int is_bf16;
+    const void *q, *k_cache, *v_cache;
+    void *out;
+    int64_t q_row_stride, out_row_stride, head_dim, group;
+    float scale;
+} Problem;
+
+typedef struct {
+    int64_t kvh, q_start, ql, len, len16; /* len16: len rounded up to 16, the row stride of p */
+    const int64_t *rows;                  /* element offset of this head's K/V row for each position */
+    float *qf, *p, *inv_sum;              /* [nq, head_dim] scaled queries, [nq, len16] scores, [nq] */
+} Task;
+
+static inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t bits = ((uint32_t)x) << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* quiet NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest, ties to even */
+    return (uint16_t)(bits >> 16);
+}
+
+static inline void load_row(const void *restrict base, int64_t elem, int64_t n, int is_bf16,
+                            float *restrict dst) {
+    if (is_bf16) {
+        const uint16_t *restrict src = (const uint16_t *)base + elem;
+        for (int64_t d = 0; d < n; d++) dst[d] = bf16_to_f32(src[d]);
+    } else {
+        memcpy(dst, (const float *)base + elem, (size_t)n * sizeof(float));
+    }
+}
+
+/* Query i = j * group + g is head kvh * group + g of query row j. */
+static inline int64_t query_elem(const Problem *pb, const Task *t, int64_t i, int64_t row_stride) {
+    const int64_t j = i / pb->group, h = t->kvh * pb->group + i % pb->group;
+    return (t->q_start + j) * row_stride + h * pb->head_dim;
+}
+
+/* Softmax of each query's scores over its visible keys (query j sees context + j + 1); the rest get 0. */
+static void softmax_rows(const Problem *pb, Task *t, int64_t nq) {
+    const int64_t context = t->len - t->ql;
+    for (int64_t i = 0; i < nq; i++) {
+        const int64_t visible = clamp64(context + i / pb->group + 1, 0, t->len);
+        float *pi = t->p + i * t->len16, m = -INFINITY, sum = 0.0f;
+        for (int64_t pos = 0; pos < visible; pos++) m = pi[pos] > m ? pi[pos] : m;
+        for (int64_t pos = 0; pos < visible; pos++) {
+            pi[pos] = expf(pi[pos] - m);
+            sum += pi[pos];
+        }
+        for (int64_t pos = visible; pos < t->len16; pos++) pi[pos] = 0.0f;
+        t->inv_sum[i] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
+}
+
+static inline void store_out(const Problem *pb, const Task *t, int64_t i, const float *acc) {
+    const int64_t base = query_elem(pb, t, i, pb->out_row_stride);
+    const float inv = t->inv_sum[i];
+    if (pb->is_bf16) {
+        uint16_t *o = (uint16_t *)pb->out + base;
+        for (int64_t d = 0; d < pb->head_dim; d++) o[d] = to_bf16(acc[d] * inv);
+    } else {
+        float *o = (float *)pb->out + base;
+        for (int64_t d = 0; d < pb->head_dim; d++) o[d] = acc[d] * inv;
+    }
+}
+
+/* Portable task: any head size. ``row`` and ``acc`` are head_dim and nq * head_dim floats of scratch. */
+static void task_generic(const Problem *pb, Task *t, int64_t nq, float *row, float *acc) {
+    const int64_t hd = pb->head_dim;
+    for (int64_t pos = 0; pos < t->len; pos++) {
+        load_row(pb->k_cache, t->rows[pos], hd, pb->is_bf16, row);
+        for (int64_t i = 0; i < nq; i++) {
+            const float *qi = t->qf + i * hd;
+            float s = 0.0f;
+            for (int64_t d = 0; d < hd; d++) s += qi[d] * row[d];
+            t->p[i * t->len16 + pos] = s;
+        }
+    }
+    softmax_rows(pb, t, nq);
+    memset(acc, 0, (size_t)(nq * hd) * sizeof(float));
+    for (int64_t pos = 0; pos < t->len; pos++) {
+        load_row(pb->v_cache, t->rows[pos], hd, pb->is_bf16, row);
+        for (int64_t i = 0; i < nq; i++) {
+            const float w = t->p[i * t->len16 + pos];
+            float *ai = acc + i * hd;
+            for (int64_t d = 0; d < hd; d++) ai[d] += w * row[d];
+        }
+    }
+    for (int64_t i = 0; i < nq; i++) store_out(pb, t, i, acc + i * hd);
+}
+
+#if defined(__AVX512F__)
+static inline __m512 load16(const void *base, int64_t elem, int is_bf16) {
+    if (is_bf16) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + elem));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    }
+    return _mm512_loadu_ps((const float *)base + elem);
+}
+
+/* Blocks sit at random addresses, so the hardware prefetcher cannot run ahead across a block boundary. */
+static inline void prefetch_row(const char *row, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
+}
+
+/* Lane sums of 16 vectors, x[k] holding key 4 * (k % 4) + k / 4: lane j of the result is key j's sum. */
+static inline __m512 reduce16(const __m512 *x) {
+    __m512 y[8], z[4], w[2];
+    for (int k = 0; k < 8; k++)
+        y[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x44),
+                             _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xEE));
+    for (int k = 0; k < 4; k++)
+        z[k] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0xDD));
+    for (int k = 0; k < 2; k++)
+        w[k] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * k], z[2 * k + 1], 0x44),
+                             _mm512_shuffle_ps(z[2 * k], z[2 * k + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
+/* AVX-512 task for head_dim = 16 * NCH; queries are handled QG at a time with accumulators in registers. */
+#define DEFINE_TASK_AVX512(NCH, QG)                                                                        \
+    static void task_avx512_##NCH(const Problem *pb, Task *t, int64_t nq) {                                \
+        const int bf = pb->is_bf16;                                                                        \
+        const int64_t row_bytes = 16 * NCH * (bf ? 2 : 4);                                                 \
+        for (int64_t i0 = 0; i0 < nq; i0 += QG) {                                                          \
+            const int64_t qg = nq - i0 < QG ? nq - i0 : QG;                                                \
+            for (int64_t c0 = 0; c0 < t->len; c0 += 16) {                                                  \
+                __m512 part[QG][16];                                                                       \
+                for (int64_t k = 0; k < 16; k++) {                                                         \
+                    const int64_t pos = c0 + 4 * (k % 4) + k / 4;                                          \
+                    if (pos >= t->len) {                                                                   \
+                        for (int qi = 0; qi < QG; qi++) part[qi][k] = _mm512_setzero_ps();                 \
+                        continue;                                                                          \
+                    }                                                                                      \
+                    if (i0 == 0 && pos + 16 < t->len)                                                      \
+                        prefetch_row((const char *)pb->k_cache + t->rows[pos + 16] * (bf ? 2 : 4), row_bytes);  \
+                    __m512 kv[NCH];                                                                        \
+                    for (int c = 0; c < NCH; c++) kv[c] = load16(pb->k_cache, t->rows[pos] + 16 * c, bf); \
+                    for (int qi = 0; qi < QG; qi++) {                                                      \
+                        if (qi >= qg) break;                                                               \
+                        const float *qv = t->qf + (i0 + qi) * 16 * NCH;                                    \
+                        __m512 s = _mm512_mul_ps(_mm512_loadu_ps(qv), kv[0]);                              \
+                        for (int c = 1; c < NCH; c++) s = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * c), kv[c], s); \
+                        part[qi][k] = s;                                                                   \
+                    }                                                                                      \
+                }                                                                                          \
+                for (int qi = 0; qi < QG && qi < qg; qi++)                                                 \
+                    _mm512_storeu_ps(t->p + (i0 + qi) * t->len16 + c0, reduce16(part[qi]));               \
+            }                                                                                              \
+        }                                                                                                  \
+        softmax_rows(pb, t, nq);                                                                           \
+        for (int64_t i0 = 0; i0 < nq; i0 += QG) {                                                          \
+            const int64_t qg = nq - i0 < QG ? nq - i0 : QG;                                                \
+            __m512 acc[QG][NCH];                                                                           \
+            for (int qi = 0; qi < QG; qi++)                                                                \
+                for (int c = 0; c < NCH; c++) acc[qi][c] = _mm512_setzero_ps();                            \
+            for (int64_t pos = 0; pos < t->len; pos++) {                                                   \
+                if (i0 == 0 && pos + 16 < t->len)                                                          \
+                    prefetch_row((const char *)pb->v_cache + t->rows[pos + 16] * (bf ? 2 : 4), row_bytes); \
+                __m512 vv[NCH];                                                                            \
+                for (int c = 0; c < NCH; c++) vv[c] = load16(pb->v_cache, t->rows[pos] + 16 * c, bf);     \
+                for (int qi = 0; qi < QG; qi++) {                                                          \
+                    if (qi >= qg) break;                                                                   \
+                    const __m512 w = _mm512_set1_ps(t->p[(i0 + qi) * t->len16 + pos]);                     \
+                    for (int c = 0; c < NCH; c++) acc[qi][c] = _mm512_fmadd_ps(w, vv[c], acc[qi][c]);      \
+                }                                                                                          \
+            }                                                                                              \
+            for (int qi = 0; qi < QG && qi < qg; qi++) {                                                   \
+                float tmp[16 * NCH];                                                                       \
+                for (int c = 0; c < NCH; c++) _mm512_storeu_ps(tmp + 16 * c, acc[qi][c]);                  \
+                store_out(pb, t, i0 + qi, tmp);                                                            \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+DEFINE_TASK_AVX512(4, 4)
+DEFINE_TASK_AVX512(8, 2)
+#define HAVE_AVX512_TASKS 1
+#else
+#define HAVE_AVX512_TASKS 0
+#endif
+
+int tandem_paged_attention_abi(void) { return TANDEM_PAGED_ATTENTION_ABI; }
+
+/* Whether head_dim takes the vectorised path in this build (for tests and diagnostics). */
+int tandem_paged_attention_fast_path(int64_t head_dim) {
+    return HAVE_AVX512_TASKS && (head_dim == 64 || head_dim == 128);
+}
+
+/* q: [.., q_row_stride] rows; head h of row t starts at q + t * q_row_stride + h * head_dim.
+ * out: same addressing with out_row_stride. k_cache / v_cache: [num_blocks, block_size, kv_heads, head_dim].
+ * For group request r: batch row req[r] of block_tables ([*, bt_stride]) and seq_lens, query rows
+ * q_start[r] .. q_start[r] + q_len[r]. Returns 0, or -1 when scratch memory could not be allocated. */
+int tandem_paged_attention(
+    int is_bf16, const void *q, int64_t q_row_stride, void *out, int64_t out_row_stride,
+    const void *k_cache, const void *v_cache, int64_t num_blocks, int64_t block_size,
+    const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens,
+    const int64_t *req, const int64_t *q_start, const int64_t *q_len, int64_t num_reqs,
+    int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int num_threads) {
+    const Problem pb = {is_bf16, q, k_cache, v_cache, out, q_row_stride, out_row_stride,
+                        head_dim, heads / kv_heads, scale};
+    const int64_t max_keys = bt_stride * block_size, tasks = num_reqs * kv_heads;
+    const int fast = tandem_paged_attention_fast_path(head_dim);
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
+    for (int64_t task = 0; task < tasks; task++) {
+        const int64_t r = task / kv_heads, row = req[r];
+        Task t = {task % kv_heads, q_start[r], q_len[r], clamp64(seq_lens[row], 0, max_keys), 0, 0, 0, 0, 0};
+        t.len16 = (t.len + 15) / 16 * 16;
+        const int64_t nq = t.ql * pb.group;
+        const size_t floats = (size_t)(nq * head_dim * 2 + head_dim + nq + nq * t.len16);
+        char *scratch = malloc(floats * sizeof(float) + (size_t)t.len * sizeof(int64_t));
+        if (!scratch) {
+            failed = 1;
+            continue;
+        }
+        int64_t *rows = (int64_t *)scratch;
+        t.rows = rows;
+        t.qf = (float *)(scratch + (size_t)t.len * sizeof(int64_t));
+        float *acc = t.qf + nq * head_dim, *row_buf = acc + nq * head_dim;
+        t.inv_sum = row_buf + head_dim;
+        t.p = t.inv_sum + nq;
+        const int64_t *table = block_tables + row * bt_stride;
+        for (int64_t pos = 0; pos < t.len; pos++) {
+            const int64_t block = clamp64(table[pos / block_size], 0, num_blocks - 1);
+            rows[pos] = ((block * block_size + pos % block_size) * kv_heads + t.kvh) * head_dim;
+        }
+        for (int64_t i = 0; i < nq; i++) { /* pre-scaled float32 queries */
+            float *qi = t.qf + i * head_dim;
+            load_row(q, query_elem(&pb, &t, i, q_row_stride), head_dim, is_bf16, qi);
+            for (int64_t d = 0; d < head_dim; d++) qi[d] *= scale;
+        }
+#if HAVE_AVX512_TASKS
+        if (fast && head_dim == 64)
+            task_avx512_4(&pb, &t, nq);
+        else if (fast && head_dim == 128)
+            task_avx512_8(&pb, &t, nq);
+        else
+#endif
+            task_generic(&pb, &t, nq, row_buf, acc);
+        free(scratch);
+    }
+    (void)fast;
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,136 @@
+"""Python side of ``paged_attention.c``: argument checks and the ctypes call.
+
+The kernel reads raw memory, so this wrapper checks what the C code assumes (CPU tensors, dtypes, the
+row/head layout, contiguous caches and tables, index dtypes) before every call; the C side clamps every
+index it reads from the tables to the tensors' bounds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from tandem import native
+
+_ABI = 1
+_c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
+_ARGTYPES = [
+    ctypes.c_int, _c_ptr, _c_i64, _c_ptr, _c_i64,  # is_bf16, q, q_row_stride, out, out_row_stride
+    _c_ptr, _c_ptr, _c_i64, _c_i64,  # k_cache, v_cache, num_blocks, block_size
+    _c_ptr, _c_i64, _c_ptr,  # block_tables, bt_stride, seq_lens
+    _c_ptr, _c_ptr, _c_ptr, _c_i64,  # req, q_start, q_len, num_reqs
+    _c_i64, _c_i64, _c_i64, ctypes.c_float, ctypes.c_int,  # heads, kv_heads, head_dim, scale, threads
+]
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class PagedAttentionIndices:
+    """The per-forward index tensors, checked once (:meth:`PagedAttentionKernel.indices`) and shared by
+    every layer. The tensors are kept here so their memory outlives every call that reads it."""
+
+    block_tables: torch.Tensor  # [B, W] int64, dense rows
+    seq_lens: torch.Tensor  # [B] int64, exact lengths
+    req: torch.Tensor  # [n] int64 batch rows to attend
+    q_start: torch.Tensor  # [n] int64 first query row of each
+    q_len: torch.Tensor  # [n] int64 query rows of each
+    num_rows: int  # T, the query rows of the forward
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.req.shape[0])
+
+
+class PagedAttentionKernel:
+    """``out[rows of request r] = attention(q rows, the request's paged K/V)`` for short queries."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        if lib.tandem_paged_attention_abi() != _ABI:
+            raise RuntimeError("paged_attention library ABI mismatch; clear $TANDEM_CACHE_DIR/native")
+        self._fn = lib.tandem_paged_attention
+        self._fn.argtypes = _ARGTYPES
+        self._fn.restype = ctypes.c_int
+
+    @staticmethod
+    def indices(
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        req: torch.Tensor,
+        q_start: torch.Tensor,
+        q_len: torch.Tensor,
+        num_rows: int,
+    ) -> PagedAttentionIndices:
+        """``block_tables`` ``[B, W]`` and ``seq_lens`` ``[B]`` (exact lengths) index batch rows;
+        ``req``/``q_start``/``q_len`` ``[n]`` name the requests to attend (batch row, first query row,
+        query count) among ``num_rows`` query rows. Checked here, once per forward."""
+        if block_tables.dim() != 2 or block_tables.stride(1) != 1:
+            raise ValueError("paged attention kernel: block_tables must be [B, W] with dense rows")
+        vectors = (seq_lens, req, q_start, q_len)
+        for t in (block_tables, *vectors):
+            if t.device.type != "cpu" or t.dtype != torch.int64:
+                raise ValueError("paged attention kernel: index tensors must be int64 on the CPU")
+        if any(t.dim() != 1 or not t.is_contiguous() for t in vectors):
+            raise ValueError("paged attention kernel: index vectors must be 1-D and contiguous")
+        if not (req.shape == q_start.shape == q_len.shape):
+            raise ValueError("paged attention kernel: req, q_start and q_len differ in length")
+        if req.shape[0]:
+            end = q_start + q_len
+            if int(q_start.min()) < 0 or int(q_len.min()) < 1 or int(end.max()) > num_rows:
+                raise ValueError(f"paged attention kernel: query rows outside [0, {num_rows})")
+            if int(req.min()) < 0 or int(req.max()) >= min(block_tables.shape[0], seq_lens.shape[0]):
+                raise ValueError("paged attention kernel: req names a row outside the tables")
+        return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows)
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        out: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        ix: PagedAttentionIndices,
+        scale: float,
+    ) -> None:
+        """``q``/``out`` ``[T, heads, head_dim]`` (rows may be strided, heads and dims dense); caches
+        ``[num_blocks, block_size, kv_heads, head_dim]``. Writes the rows of ``ix``'s requests."""
+        heads, head_dim = q.shape[1:]
+        num_blocks, block_size, kv_heads, _ = k_cache.shape
+        self._check(q, out, k_cache, v_cache)
+        if q.shape[0] != ix.num_rows:
+            raise ValueError(f"paged attention kernel: q has {q.shape[0]} rows, indices {ix.num_rows}")
+        bt = ix.block_tables
+        rc = self._fn(
+            int(q.dtype == torch.bfloat16), q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0),
+            k_cache.data_ptr(), v_cache.data_ptr(), num_blocks, block_size,
+            bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(),
+            ix.req.data_ptr(), ix.q_start.data_ptr(), ix.q_len.data_ptr(), ix.num_reqs,
+            heads, kv_heads, head_dim, scale, torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("paged attention kernel could not allocate its scratch memory")
+
+    @staticmethod
+    def _check(q, out, k_cache, v_cache) -> None:
+        if q.device.type != "cpu" or k_cache.device.type != "cpu":
+            raise ValueError("paged attention kernel: tensors must be on the CPU")
+        if q.dtype not in DTYPES or not (out.dtype == k_cache.dtype == v_cache.dtype == q.dtype):
+            raise ValueError(f"paged attention kernel: dtypes must match and be one of {DTYPES}")
+        heads, head_dim = q.shape[1:]
+        kv_heads = k_cache.shape[2]
+        if heads % kv_heads or k_cache.shape[3] != head_dim or k_cache.shape != v_cache.shape:
+            raise ValueError(
+                f"paged attention kernel: q heads {heads}x{head_dim}, cache {tuple(k_cache.shape)}"
+            )
+        if q.stride(2) != 1 or q.stride(1) != head_dim or out.stride(2) != 1 or out.stride(1) != head_dim:
+            raise ValueError("paged attention kernel: q/out heads and dims must be dense")
+        if out.shape != q.shape:
+            raise ValueError("paged attention kernel: out must have q's shape")
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError("paged attention kernel: caches must be contiguous")
+
+
+def paged_attention_kernel() -> PagedAttentionKernel | None:
+    """The compiled kernel, or ``None`` where native kernels are unavailable (see :mod:`tandem.native`)."""
+    lib = native.load("paged_attention")
+    return None if lib is None else PagedAttentionKernel(lib)

@@ -1,0 +1,156 @@
+"""The native paged-attention kernel: built here, used by the default backend, exact against SDPA, safe on
+bad input. (Its agreement with the dense reference on every batch layout is in
+tests/model/test_attention.py, which runs every registered backend.)"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tandem import native
+from tandem.model.attention import PagedCpuBackend, SdpaBackend, default_attention_backend
+from tandem.model.attention.paged_cpu import PagedCpuMetadata
+from tandem.model.paged_batch import PagedRequest, build_forward_batch
+from tandem.native.paged_attention import PagedAttentionKernel, paged_attention_kernel
+from tests.model.test_attention import LAYOUTS, run_case
+
+needs_cc = pytest.mark.skipif(
+    native._compiler() is None and shutil.which("gcc") is None, reason="no C compiler"
+)
+
+
+def _batch(layout: list[tuple[int, int]], block_size: int = 4):
+    """A batch over shuffled blocks, with random caches and queries; returns the pieces."""
+    gen = torch.Generator().manual_seed(0)
+    paged, next_block = [], 0
+    for cached, q_len in layout:
+        nb = -(-(cached + q_len) // block_size)
+        paged.append(PagedRequest([0] * q_len, cached, list(range(next_block, next_block + nb))[::-1]))
+        next_block += nb
+    batch = build_forward_batch(paged, block_size)
+    kv_heads, heads, hd = 2, 6, 16
+    shape = (next_block + 2, block_size, kv_heads, hd)
+    k_cache, v_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    t = batch.num_tokens
+    q = torch.randn(t, heads, hd, generator=gen)
+    k, v = torch.randn(t, kv_heads, hd, generator=gen), torch.randn(t, kv_heads, hd, generator=gen)
+    return batch, q, k, v, k_cache, v_cache
+
+
+@needs_cc
+def test_kernel_builds_and_is_the_default_backend() -> None:
+    assert default_attention_backend() == "paged_cpu"
+    backend = PagedCpuBackend(torch.float32)
+    assert backend.kernel is not None, "the native kernel did not build on a machine with a compiler"
+    batch, *_ = _batch([(5, 1), (9, 4), (0, 30)])
+    meta = backend.build_metadata(batch, 4)
+    assert isinstance(meta, PagedCpuMetadata)
+    assert meta.short is not None and meta.short.num_reqs == 2 and len(meta.long_queries) == 1
+
+
+@needs_cc
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
+@pytest.mark.parametrize("layout", ["mixed", "decodes", "verifies", "long"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_head_size_matches_dense_reference(
+    head_dim: int, layout: str, dtype: torch.dtype
+) -> None:
+    """64 and 128 take the vectorised task where the CPU has AVX-512, 80 the portable one; lengths that
+    are not multiples of 16 exercise the partial key chunks."""
+    layouts = {**LAYOUTS, "long": [(200, 1), (37, 4), (130, 1), (16, 17), (0, 1)]}
+    backend = PagedCpuBackend(dtype, short_query_max=17)
+    out, want = run_case(backend, layouts[layout], 8, 2, 16, dtype, seed=3, head_dim=head_dim)
+    diff = (out.double() - want).abs().max().item()
+    assert diff < (1e-5 if dtype == torch.float32 else 3e-2), diff
+
+
+@needs_cc
+def test_fast_path_is_taken_where_the_cpu_has_it() -> None:
+    import ctypes
+
+    lib = native.load("paged_attention")
+    assert lib is not None
+    flags = native._cpu_flags()
+    fast = lib.tandem_paged_attention_fast_path
+    fast.argtypes = [ctypes.c_int64]
+    assert bool(fast(64)) == ("avx512f" in flags) and not fast(80)
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_agrees_with_sdpa(dtype: torch.dtype) -> None:
+    layout = [(15, 1), (3, 1), (40, 1), (9, 4), (0, 1), (60, 17)]
+    batch, q, k, v, k_cache, v_cache = (
+        x.to(dtype) if isinstance(x, torch.Tensor) else x for x in _batch(layout)
+    )
+    outs = []
+    for backend in (SdpaBackend(dtype), PagedCpuBackend(dtype)):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        outs.append(backend.forward(q, k, v, kc, vc, backend.build_metadata(batch, 4), 0.25))
+    diff = (outs[0].float() - outs[1].float()).abs().max().item()
+    # fp32: summation order only. bf16: both accumulate in fp32 and round once, so they differ by at
+    # most an ulp or two of the bf16 result (|out| < 4 here: ulp 2^-6).
+    assert diff < (1e-5 if dtype == torch.float32 else 2 * 2**-6), diff
+
+
+@needs_cc
+def test_device_lengths_override_host_upper_bounds() -> None:
+    """Deferred reconciliation: the host holds upper bounds, the exact lengths come in seq_lens_dev."""
+    batch, q, k, v, k_cache, v_cache = _batch([(12, 4), (7, 4)])
+    batch.seq_lens_dev = torch.tensor([14, 9])  # two drafts of each request's last step were rejected
+    backend = PagedCpuBackend(torch.float32)
+    got = backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), backend.build_metadata(batch, 4), 1.0)
+    ref_backend = SdpaBackend(torch.float32)
+    want = ref_backend.forward(
+        q, k, v, k_cache.clone(), v_cache.clone(), ref_backend.build_metadata(batch, 4), 1.0
+    )
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+@needs_cc
+def test_bad_indices_raise_and_out_of_range_lengths_are_clamped() -> None:
+    kernel = paged_attention_kernel()
+    assert kernel is not None
+    tables = torch.zeros(2, 3, dtype=torch.int64)
+    i64 = lambda *x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    with pytest.raises(ValueError, match="query rows"):
+        kernel.indices(tables, i64(4, 4), i64(0, 1), i64(0, 3), i64(1, 2), num_rows=4)
+    with pytest.raises(ValueError, match="outside the tables"):
+        kernel.indices(tables, i64(4, 4), i64(0, 2), i64(0, 1), i64(1, 1), num_rows=2)
+    with pytest.raises(ValueError, match="int64"):
+        kernel.indices(tables.int(), i64(4, 4), i64(0, 1), i64(0, 1), i64(1, 1), num_rows=2)
+    # A length beyond the table's capacity (3 blocks x 4) and block ids beyond the cache are clamped.
+    cache = torch.randn(2, 4, 1, 8)
+    ix = kernel.indices(tables + 7, i64(10_000, 5), i64(0, 1), i64(0, 1), i64(1, 1), num_rows=2)
+    q, out = torch.randn(2, 2, 8), torch.full((2, 2, 8), float("nan"))
+    kernel(q, out, cache, cache.clone(), ix, 1.0)
+    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="dtypes"):
+        kernel(q.double(), out.double(), cache, cache, ix, 1.0)
+
+
+def test_disabled_native_kernels_fall_back_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANDEM_NATIVE", "0")
+    monkeypatch.setattr(native, "_loaded", {})
+    backend = PagedCpuBackend(torch.float32)
+    assert backend.kernel is None
+    batch, q, k, v, k_cache, v_cache = _batch([(5, 1), (0, 9)])
+    meta = backend.build_metadata(batch, 4)
+    assert not isinstance(meta, PagedCpuMetadata)
+    want_backend = SdpaBackend(torch.float32)
+    want = want_backend.forward(
+        q, k, v, k_cache.clone(), v_cache.clone(), want_backend.build_metadata(batch, 4), 0.5
+    )
+    assert torch.equal(backend.forward(q, k, v, k_cache, v_cache, meta, 0.5), want)
+
+
+def test_kernel_rejects_a_mismatched_library() -> None:
+    class Lib:
+        @staticmethod
+        def tandem_paged_attention_abi() -> int:
+            return 99
+
+    with pytest.raises(RuntimeError, match="ABI"):
+        PagedAttentionKernel(Lib())  # type: ignore[arg-type]
