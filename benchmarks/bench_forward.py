@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=16, help="decode steps per round")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per engine")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
-    p.add_argument("--attn-backend", default="sdpa")
+    p.add_argument("--attn-backend", default=None, help="attention backend (default: the default one)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers")
     p.add_argument(
         "--json", nargs="?", const="-", help="write results as JSON (to a file or stdout)"
