@@ -33,6 +33,7 @@ def main(directory: str, rank: int, world: int) -> None:
         results[name] = [model.compute_logits(model(b, cache).hidden_states) for b in batches]
     assert comm.stats is not None and comm.stats.all_reduce_calls > 0
     torch.save(results, f"{directory}/rank{rank}.pt")
+    comm.close()  # leave together: exiting with the group up can abort in gloo's threads
 
 
 if __name__ == "__main__":

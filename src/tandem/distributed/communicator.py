@@ -48,6 +48,9 @@ class Communicator:
     def stats(self) -> CommStats | None:
         return None
 
+    def close(self) -> None:
+        """Leave the group (no-op for one rank)."""
+
 
 class SingleRank(Communicator):
     """One rank, no communication."""
@@ -68,6 +71,16 @@ class TorchCommunicator(Communicator):
     @property
     def stats(self) -> CommStats | None:
         return self._stats
+
+    def close(self) -> None:
+        """Leave the default group in step with the other ranks: a barrier, then its teardown. A rank
+        that exits with the group still up can abort in gloo's background threads at interpreter
+        shutdown ("terminate called without an active exception") while a peer is still talking."""
+        import torch.distributed as dist
+
+        if self.group is None and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
