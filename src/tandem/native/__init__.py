@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loads torch's libgomp first, so the kernels share its OpenMP runtime)
 
+from tandem.cache import cache_dir
+
 log = logging.getLogger(__name__)
 
 _SOURCES = Path(__file__).resolve().parent
@@ -40,10 +42,7 @@ def enabled() -> bool:
 
 
 def _cache_root() -> Path:
-    root = os.environ.get("TANDEM_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem"
-    )
-    return Path(root) / "native"
+    return cache_dir() / "native"
 
 
 def _cpu_flags() -> str:

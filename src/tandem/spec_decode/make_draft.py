@@ -15,17 +15,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from tandem.cache import cache_dir  # noqa: F401  (re-exported: callers import it from here)
 from tandem.model.loader import load_checkpoint
 
 DEFAULT_DRAFT_LAYERS = 6
 SHIPPED_DRAFTS = {"smollm2-135m-instruct-draft": ("smollm2-135m-instruct", DEFAULT_DRAFT_LAYERS)}
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("TANDEM_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem"
-    )
-    return Path(root)
 
 
 def make_draft(target: str, out_dir: str | Path, num_layers: int, dtype: torch.dtype = torch.float32) -> Path:
