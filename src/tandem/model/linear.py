@@ -105,6 +105,13 @@ def onednn_available() -> bool:
     )
 
 
+def onednn_bf16_available() -> bool:
+    """Whether oneDNN can run bf16 products on this CPU: it needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT.
+    On an AVX2-only CPU its bf16 reorder and inner product refuse to build, so bf16 takes ``CpuLinear``."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return onednn_available() and probe is not None and bool(probe())
+
+
 def _version_of(t: torch.Tensor) -> int:
     """The in-place update counter; inference tensors have none (and cannot change outside inference
     mode), so they count as never updated."""
@@ -130,6 +137,7 @@ class OneDnnLinear(CpuLinear):
     def __init__(self, small_rows: int = 32) -> None:
         super().__init__(small_rows)
         self._enabled = onednn_available()
+        self._bf16 = self._enabled and onednn_bf16_available()
         self._packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
 
     def _packed_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
@@ -142,7 +150,7 @@ class OneDnnLinear(CpuLinear):
             if rows < 3 and weight.shape[0] < self.LARGE_OUT:
                 return None  # MKL's one- and two-row product is already bandwidth-bound
         elif x.dtype == torch.bfloat16:
-            if rows == 1:
+            if rows == 1 or not self._bf16:
                 return None  # ``mv`` (CpuLinear) is as fast and keeps the LM head's fast path
         else:
             return None

@@ -24,6 +24,7 @@ from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.layers import DecoderLayer, LayerContext, unit_rms
 from tandem.model.linear import LinearKernels, create_linear_kernels, default_linear_kernels
 from tandem.model.model_args import ModelArgs
+from tandem.model.native_decode import NativeDecode
 from tandem.model.parallel import (
     ShardPlan,
     gather_vocab_logits,
@@ -86,6 +87,10 @@ class CausalLM(nn.Module):
             torch.tensor(eps_root, dtype=weights.embed.dtype, device=table.device),
             False,
         )
+        # The native stack for short CPU steps (native_decode.py), resolved on the first forward so
+        # that building a model never compiles anything; None where it can never apply.
+        self._native: NativeDecode | None = None
+        self._native_resolved = False
 
     @classmethod
     def from_tensors(
@@ -159,13 +164,24 @@ class CausalLM(nn.Module):
             self.rope_table[batch.positions].unsqueeze(1), batch.attn_metadata, self.eps_root
         )
         x = self.embed(batch.input_ids)
-        captured: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, ctx, kv_cache.k[i], kv_cache.v[i])
-            if i in aux_hidden_layers:
-                captured[i] = x
+        native = self._native_decode()
+        if native is not None and native.applies(batch):
+            x, aux = native.run(batch, kv_cache, x, ctx.rotations, aux_hidden_layers)
+        else:
+            captured: dict[int, torch.Tensor] = {}
+            for i, layer in enumerate(self.layers):
+                x = layer(x, ctx, kv_cache.k[i], kv_cache.v[i])
+                if i in aux_hidden_layers:
+                    captured[i] = x
+            aux = [captured[i] for i in aux_hidden_layers]
         hidden = unit_rms(x, self.eps_root) * self.norm
-        return ModelOutput(hidden, [captured[i] for i in aux_hidden_layers])
+        return ModelOutput(hidden, aux)
+
+    def _native_decode(self) -> NativeDecode | None:
+        if not self._native_resolved:
+            self._native = NativeDecode.create(self)
+            self._native_resolved = True
+        return self._native
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -60,11 +60,18 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def _source_files() -> list[Path]:
+    return sorted(f for f in _SOURCES.iterdir() if f.suffix in (".c", ".h"))
+
+
 def _build(name: str, cc: str) -> Path:
-    source = (_SOURCES / f"{name}.c").read_bytes()
+    # Sources may include each other (shared headers, one kernel inside another), so every C file
+    # here is part of the key: editing any of them rebuilds every library.
+    sources = [f.name.encode() + b"\0" + f.read_bytes() for f in _source_files()]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256(
-        b"\0".join([source, version.encode(), " ".join(_FLAGS).encode(), _cpu_flags().encode()])
+        b"\0".join([name.encode(), *sources, version.encode(), " ".join(_FLAGS).encode(),
+                    _cpu_flags().encode()])
     ).hexdigest()[:16]
     out_dir = _cache_root() / key
     target = out_dir / f"lib{name}.so"

@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bf16.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -39,23 +41,6 @@ typedef struct {
     const int64_t *rows;                  /* element offset of this head's K/V row for each position */
     float *qf, *p, *inv_sum;              /* [nq, head_dim] scaled queries, [nq, len16] scores, [nq] */
 } Task;
-
-static inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
-
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t bits = ((uint32_t)x) << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* quiet NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest, ties to even */
-    return (uint16_t)(bits >> 16);
-}
 
 static inline void load_row(const void *restrict base, int64_t elem, int64_t n, int is_bf16,
                             float *restrict dst) {
@@ -94,7 +79,7 @@ static inline void store_out(const Problem *pb, const Task *t, int64_t i, const 
     const float inv = t->inv_sum[i];
     if (pb->is_bf16) {
         uint16_t *o = (uint16_t *)pb->out + base;
-        for (int64_t d = 0; d < pb->head_dim; d++) o[d] = to_bf16(acc[d] * inv);
+        for (int64_t d = 0; d < pb->head_dim; d++) o[d] = f32_to_bf16(acc[d] * inv);
     } else {
         float *o = (float *)pb->out + base;
         for (int64_t d = 0; d < pb->head_dim; d++) o[d] = acc[d] * inv;

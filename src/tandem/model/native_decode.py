@@ -1,0 +1,117 @@
+"""The decoder stack in one native call for short steps on the CPU (``native/decode_forward.c``).
+
+A forward whose batch is a few short queries (one decode row, or a decode row plus k drafts to verify,
+for at most ``max_rows`` rows in all) is where a CPU spends most of a step outside the weight read: each
+of the 30 layers runs ~20 small torch kernels between its four products. :class:`NativeDecode` runs those
+steps through one C call over every layer instead, with the paged attention kernel inline, and leaves
+every other forward (prefill chunks, wide batches, tensor parallelism, other devices, other attention
+backends) to the torch layers, which stay the reference: tests check the two agree.
+
+``TANDEM_NATIVE_DECODE=0`` (or ``TANDEM_NATIVE=0``) turns it off, for A/B measurements.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from tandem.model.attention.paged_cpu import PagedCpuMetadata
+from tandem.model.forward_batch import ForwardBatch, KVCache
+from tandem.native.decode_forward import (
+    DTYPES,
+    DecodeForwardKernel,
+    LayerTable,
+    StackShape,
+    decode_forward_kernel,
+)
+
+if TYPE_CHECKING:
+    from tandem.model.transformer import CausalLM
+
+
+def native_decode_enabled() -> bool:
+    return os.environ.get("TANDEM_NATIVE_DECODE", "1") != "0"
+
+
+class NativeDecode:
+    """Decides per forward whether the native stack applies, and runs it. One per model."""
+
+    def __init__(self, model: CausalLM, kernel: DecodeForwardKernel) -> None:
+        args, shard = model.args, model.shard
+        layer0 = model.layers[0]
+        self.kernel = kernel
+        self.model = model
+        self.shape = StackShape(
+            hidden=args.hidden_size,
+            heads=shard.num_heads,
+            kv_heads=shard.num_kv_heads,
+            head_dim=args.head_dim,
+            inter=shard.ffn_size,
+            eps_root=float(model.eps_root),
+            qk_eps=float(layer0.eps),
+            scale=float(layer0.scale),
+        )
+        self._table: LayerTable | None = None
+        self._table_key: tuple[int, ...] = ()
+
+    @classmethod
+    def create(cls, model: CausalLM) -> NativeDecode | None:
+        """The native path for ``model``, or ``None`` where it can never apply (not the CPU, tensor
+        parallel, another dtype, switched off, no compiler)."""
+        if not native_decode_enabled() or model.device.type != "cpu" or model.dtype not in DTYPES:
+            return None
+        if model.comm.world_size != 1 or model.num_layers == 0:
+            return None
+        kernel = decode_forward_kernel()
+        return None if kernel is None else cls(model, kernel)
+
+    def applies(self, batch: ForwardBatch) -> bool:
+        meta = batch.attn_metadata
+        return (
+            isinstance(meta, PagedCpuMetadata)
+            and not meta.long_queries
+            and meta.short is not None
+            and 1 <= batch.num_tokens <= self.kernel.max_rows
+        )
+
+    def _layer_table(self, kv_cache: KVCache) -> LayerTable:
+        key = tuple(t.data_ptr() for t in (*kv_cache.k, *kv_cache.v))
+        if self._table is None or key != self._table_key:
+            layers = [
+                {
+                    "qkv": layer.qkv, "qkv_bias": layer.qkv_bias, "qk_norm": layer.qk_norm,
+                    "o_proj": layer.o_proj, "o_bias": layer.o_bias, "gate_up": layer.gate_up,
+                    "down": layer.down,
+                }  # fmt: skip
+                for layer in self.model.layers
+            ]
+            self._table = self.kernel.layer_table(self.shape, layers, kv_cache.k, kv_cache.v)
+            self._table_key = key
+        return self._table
+
+    def run(
+        self,
+        batch: ForwardBatch,
+        kv_cache: KVCache,
+        x: torch.Tensor,
+        rotations: torch.Tensor,
+        aux_hidden_layers: Sequence[int],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The residual stream after the last layer, and after each of ``aux_hidden_layers``."""
+        meta = batch.attn_metadata
+        assert isinstance(meta, PagedCpuMetadata) and meta.short is not None
+        table = self._layer_table(kv_cache)
+        x = x.contiguous().clone()
+        rows = x.shape[0]
+        rot = torch.view_as_real(rotations).reshape(rows, self.shape.head_dim)
+        aux: list[torch.Tensor | None] | None = None
+        captured: dict[int, torch.Tensor] = {}
+        if aux_hidden_layers:
+            for i in aux_hidden_layers:
+                captured.setdefault(i, torch.empty_like(x))
+            aux = [captured.get(i) for i in range(self.model.num_layers)]
+        self.kernel(self.shape, table, x, rot.contiguous(), meta.slot_mapping, meta.short, aux)
+        return x, [captured[i] for i in aux_hidden_layers]

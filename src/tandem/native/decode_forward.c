@@ -1,0 +1,160 @@
+/* The decoder stack for short steps on the CPU, in one call: every layer of a forward whose batch holds at
+ * most MAX_ROWS query rows, all of them short queries (decodes, speculative verify rows).
+ *
+ * Why: at one to a few rows a layer is four weight-streaming products and ~20 small element-wise kernels
+ * (norms, RoPE, the KV write, SiLU, residual adds) whose dispatch costs, as torch ops, far more than their
+ * arithmetic; at SmolLM2's size that is most of a step beyond the weight read. Here the small work runs
+ * inline on float32 scratch rows between the products (gemv.h), and attention is the paged kernel
+ * (paged_attention.c, compiled into this library).
+ *
+ * Semantics: the same layer as tandem/model/layers.py (the reference): RMSNorm gains already folded into
+ * the q/k/v and gate/up weights (weights.py), so a norm is x / hypot(|x|, eps_root); optional q/k/v and
+ * o biases (Qwen2) and per-head q/k RMSNorm (Qwen3); RoPE on interleaved pairs; K/V written at the step's
+ * slots before attention; SwiGLU. Values are rounded to the model dtype wherever the reference stores a
+ * tensor (after each product, norm, RoPE and activation), so a bf16 model sees the reference's roundings.
+ *
+ * Memory: decode_forward.py checks every shape, dtype and layout; slots and table entries are clamped.
+ */
+#include <math.h>
+
+#include "gemv.h"
+#include "paged_attention.c"
+
+#define TANDEM_DECODE_FORWARD_ABI 1
+#define LAYER_PTRS 9 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache */
+
+typedef struct {
+    int is_bf16;
+    int64_t rows, hidden, heads, kv_heads, head_dim, inter;
+    float eps_root, qk_eps, scale;
+    int threads;
+} Shape;
+
+static inline void store_elem(void *base, int64_t i, float v, int is_bf16) {
+    if (is_bf16)
+        ((uint16_t *)base)[i] = f32_to_bf16(v);
+    else
+        ((float *)base)[i] = v;
+}
+
+/* dst[r] = x[r] / hypot(|x[r]|, eps_root), rounded to the model dtype (the reference's unit_rms). */
+static void unit_rms_rows(const Shape *s, const float *x, float *dst) {
+    for (int64_t r = 0; r < s->rows; r++) {
+        const float *xr = x + r * s->hidden;
+        double ss = 0.0;
+        for (int64_t i = 0; i < s->hidden; i++) ss += (double)xr[i] * xr[i];
+        const float norm = round_to(sqrtf((float)ss), s->is_bf16);
+        const float denom = round_to(hypotf(norm, s->eps_root), s->is_bf16);
+        for (int64_t i = 0; i < s->hidden; i++) dst[r * s->hidden + i] = round_to(xr[i] / denom, s->is_bf16);
+    }
+}
+
+/* q, k, v of every row: norm, product (+ bias), per-head norm, RoPE; q to q_out, k and v to their slots. */
+static void attention_inputs(const Shape *s, const int64_t *lp, const float *x, float *hbuf,
+                             float *qkv, const float *rot, const int64_t *slots, int64_t num_slots,
+                             void *q_out) {
+    const int bf = s->is_bf16;
+    const int64_t hd = s->head_dim, nqk = s->heads + s->kv_heads, width = (nqk + s->kv_heads) * hd;
+    const void *w = (const void *)lp[0], *bias = (const void *)lp[1], *qk_norm = (const void *)lp[2];
+    void *k_cache = (void *)lp[7], *v_cache = (void *)lp[8];
+    unit_rms_rows(s, x, hbuf);
+    gemv_rows(hbuf, s->rows, s->hidden, w, width, bf, qkv, width, s->threads);
+    for (int64_t r = 0; r < s->rows; r++) {
+        float *row = qkv + r * width;
+        for (int64_t j = 0; j < width; j++)
+            row[j] = round_to(row[j] + (bias ? load_elem(bias, j, bf) : 0.0f), bf);
+        const int64_t slot = clamp64(slots[r], 0, num_slots - 1);
+        for (int64_t h = 0; h < nqk; h++) {
+            float *v = row + h * hd;
+            if (qk_norm) {
+                double ss = 0.0;
+                for (int64_t d = 0; d < hd; d++) ss += (double)v[d] * v[d];
+                const float inv = 1.0f / sqrtf((float)(ss / hd) + s->qk_eps);
+                for (int64_t d = 0; d < hd; d++) v[d] = round_to(round_to(v[d] * inv, bf) * load_elem(qk_norm, h * hd + d, bf), bf);
+            }
+            const float *c = rot + r * hd; /* [hd / 2] (cos, sin) pairs of this row's position */
+            for (int64_t d = 0; d < hd; d += 2) {
+                const float a = v[d], b = v[d + 1], cs = c[d], sn = c[d + 1];
+                v[d] = round_to(a * cs - b * sn, bf);
+                v[d + 1] = round_to(a * sn + b * cs, bf);
+            }
+            if (h < s->heads) {
+                for (int64_t d = 0; d < hd; d++) store_elem(q_out, (r * s->heads + h) * hd + d, v[d], bf);
+            } else {
+                const int64_t at = (slot * s->kv_heads + (h - s->heads)) * hd;
+                for (int64_t d = 0; d < hd; d++) store_elem(k_cache, at + d, v[d], bf);
+            }
+        }
+        const float *vv = row + nqk * hd;
+        for (int64_t j = 0; j < s->kv_heads * hd; j++) store_elem(v_cache, slot * s->kv_heads * hd + j, vv[j], bf);
+    }
+}
+
+/* x += attn @ o^T (+ o bias); x += SwiGLU(norm(x)) @ down^T. x is float32 holding dtype-rounded values. */
+static void mlp_block(const Shape *s, const int64_t *lp, float *x, const void *attn, float *abuf,
+                      float *hbuf, float *gu, float *act) {
+    const int bf = s->is_bf16;
+    const int64_t h = s->hidden, a = s->heads * s->head_dim, inter = s->inter;
+    const void *o_w = (const void *)lp[3], *o_bias = (const void *)lp[4];
+    for (int64_t i = 0; i < s->rows * a; i++) abuf[i] = load_elem(attn, i, bf);
+    gemv_rows(abuf, s->rows, a, o_w, h, bf, hbuf, h, s->threads);
+    for (int64_t r = 0; r < s->rows; r++)
+        for (int64_t i = 0; i < h; i++)
+            x[r * h + i] = round_to(x[r * h + i] + hbuf[r * h + i] + (o_bias ? load_elem(o_bias, i, bf) : 0.0f), bf);
+    unit_rms_rows(s, x, hbuf);
+    gemv_rows(hbuf, s->rows, h, (const void *)lp[5], 2 * inter, bf, gu, 2 * inter, s->threads);
+    for (int64_t r = 0; r < s->rows; r++) {
+        const float *g = gu + r * 2 * inter, *u = g + inter;
+        for (int64_t i = 0; i < inter; i++) {
+            const float gi = round_to(g[i], bf);
+            const float silu = round_to(gi / (1.0f + expf(-gi)), bf);
+            act[r * inter + i] = round_to(silu * round_to(u[i], bf), bf);
+        }
+    }
+    gemv_rows(act, s->rows, inter, (const void *)lp[6], h, bf, hbuf, h, s->threads);
+    for (int64_t i = 0; i < s->rows * h; i++) x[i] = round_to(x[i] + hbuf[i], bf);
+}
+
+int tandem_decode_forward_abi(void) { return TANDEM_DECODE_FORWARD_ABI; }
+int tandem_decode_forward_max_rows(void) { return MAX_ROWS; }
+
+/* x: [rows, hidden] dense, the embedded tokens in, the residual stream after the last layer out.
+ * layer_ptrs: [num_layers, LAYER_PTRS] addresses (0 for an absent bias / norm). rot: [rows, head_dim]
+ * float32 (cos, sin) pairs. slots: [rows] flat cache slots. aux: [num_layers] addresses of [rows, hidden]
+ * outputs for the residual stream after that layer, or 0. The attention arguments are those of
+ * tandem_paged_attention. Returns 0, -1 for rows outside 1..MAX_ROWS, -2 when out of memory. */
+int tandem_decode_forward(
+    int is_bf16, int64_t num_layers, const int64_t *layer_ptrs, void *x, int64_t rows, int64_t hidden,
+    int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter, float eps_root, float qk_eps,
+    const float *rot, const int64_t *slots, int64_t num_blocks, int64_t block_size,
+    const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens, const int64_t *req,
+    const int64_t *q_start, const int64_t *q_len, int64_t num_reqs, float scale, const int64_t *aux,
+    int num_threads) {
+    if (rows < 1 || rows > MAX_ROWS) return -1;
+    const Shape s = {is_bf16, rows, hidden, heads, kv_heads, head_dim, inter, eps_root, qk_eps, scale, num_threads};
+    const int64_t a = heads * head_dim, width = (heads + 2 * kv_heads) * head_dim;
+    const int64_t wide = hidden > a ? hidden : a;
+    const size_t floats = (size_t)(rows * (hidden + 2 * wide + width + 3 * inter));
+    const size_t elem = is_bf16 ? 2 : 4;
+    char *mem = malloc(floats * sizeof(float) + 2 * (size_t)(rows * a) * elem);
+    if (!mem) return -2;
+    float *xf = (float *)mem, *hbuf = xf + rows * hidden, *abuf = hbuf + rows * wide;
+    float *qkv = abuf + rows * wide, *gu = qkv + rows * width, *act = gu + rows * 2 * inter;
+    void *q = act + rows * inter, *attn = (char *)q + (size_t)(rows * a) * elem;
+    for (int64_t i = 0; i < rows * hidden; i++) xf[i] = load_elem(x, i, is_bf16);
+    int rc = 0;
+    for (int64_t l = 0; l < num_layers && rc == 0; l++) {
+        const int64_t *lp = layer_ptrs + l * LAYER_PTRS;
+        attention_inputs(&s, lp, xf, hbuf, qkv, rot, slots, num_blocks * block_size, q);
+        rc = tandem_paged_attention(is_bf16, q, a, attn, a, (const void *)lp[7], (const void *)lp[8],
+                                    num_blocks, block_size, block_tables, bt_stride, seq_lens, req, q_start,
+                                    q_len, num_reqs, heads, kv_heads, head_dim, scale, num_threads);
+        if (rc != 0) break;
+        mlp_block(&s, lp, xf, attn, abuf, hbuf, gu, act);
+        if (aux && aux[l])
+            for (int64_t i = 0; i < rows * hidden; i++) store_elem((void *)aux[l], i, xf[i], is_bf16);
+    }
+    for (int64_t i = 0; i < rows * hidden; i++) store_elem(x, i, xf[i], is_bf16);
+    free(mem);
+    return rc == 0 ? 0 : -2;
+}

@@ -1,0 +1,224 @@
+"""Python side of ``decode_forward.c`` (the whole decoder stack for short steps) and ``small_linear.c``
+(few-row matrix products): argument checks and the ctypes calls.
+
+The kernels read raw memory, so everything the C code assumes is checked here: CPU tensors of one dtype,
+dense layouts, the row count, and, for the stack, every layer's weight shapes (once, when the layer
+table is built: :meth:`DecodeForwardKernel.layer_table`). Slots and block-table entries are clamped in C.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem import native
+from tandem.native.paged_attention import PagedAttentionIndices
+
+_ABI = 1
+LAYER_PTRS = 9  # qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache
+DTYPES = (torch.float32, torch.bfloat16)
+_i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+_FORWARD_ARGS = [
+    ctypes.c_int, _i64, _ptr, _ptr, _i64, _i64,  # is_bf16, num_layers, layer_ptrs, x, rows, hidden
+    _i64, _i64, _i64, _i64, _f32, _f32,  # heads, kv_heads, head_dim, inter, eps_root, qk_eps
+    _ptr, _ptr, _i64, _i64,  # rot, slots, num_blocks, block_size
+    _ptr, _i64, _ptr, _ptr,  # block_tables, bt_stride, seq_lens, req
+    _ptr, _ptr, _i64, _f32, _ptr, ctypes.c_int,  # q_start, q_len, num_reqs, scale, aux, threads
+]  # fmt: skip
+_LINEAR_ARGS = [
+    ctypes.c_int, _ptr, _i64, _i64, _ptr, _i64, _i64,  # is_bf16, x, x_stride, rows, w, out, in
+    _ptr, _ptr, _i64, _ptr, _i64, ctypes.c_int,  # bias, residual, res_stride, y, y_stride, threads
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StackShape:
+    """The per-layer sizes the kernel needs (one rank's whole model)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    eps_root: float  # sqrt(hidden * rms_norm_eps), as the model dtype rounds it
+    qk_eps: float  # the per-head q/k RMSNorm epsilon (Qwen3)
+    scale: float  # attention softmax scale
+
+
+@dataclass(frozen=True)
+class LayerTable:
+    """Addresses of every layer's weights and caches, checked once; keeps the tensors alive."""
+
+    ptrs: torch.Tensor  # [num_layers, LAYER_PTRS] int64
+    tensors: tuple[torch.Tensor, ...]
+    dtype: torch.dtype
+    num_blocks: int
+    block_size: int
+
+
+def _dense(t: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, what: str) -> None:
+    if t.device.type != "cpu" or t.dtype != dtype or tuple(t.shape) != tuple(shape):
+        raise ValueError(
+            f"native decode: {what} is {t.dtype} {tuple(t.shape)} on {t.device}, "
+            f"expected {dtype} {tuple(shape)} on the CPU"
+        )
+    if not t.is_contiguous():
+        raise ValueError(f"native decode: {what} must be contiguous")
+
+
+class DecodeForwardKernel:
+    """``x <- layers(x)`` for at most :attr:`max_rows` short-query rows, one native call per forward."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        if lib.tandem_decode_forward_abi() != _ABI:
+            raise RuntimeError("decode_forward library ABI mismatch; clear $TANDEM_CACHE_DIR/native")
+        self.max_rows = int(lib.tandem_decode_forward_max_rows())
+        self._fn = lib.tandem_decode_forward
+        self._fn.argtypes = _FORWARD_ARGS
+        self._fn.restype = ctypes.c_int
+
+    @staticmethod
+    def layer_table(
+        shape: StackShape,
+        layers: Sequence[dict[str, torch.Tensor | None]],
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+    ) -> LayerTable:
+        """Check every layer's weights (``qkv``, ``qkv_bias``, ``qk_norm``, ``o_proj``, ``o_bias``,
+        ``gate_up``, ``down``; biases and norms may be ``None``) and caches; return their addresses."""
+        s = shape
+        dtype = layers[0]["qkv"].dtype  # type: ignore[union-attr]
+        if dtype not in DTYPES:
+            raise ValueError(f"native decode: dtype {dtype} not in {DTYPES}")
+        width, attn = (s.heads + 2 * s.kv_heads) * s.head_dim, s.heads * s.head_dim
+        shapes = {
+            "qkv": (width, s.hidden), "qkv_bias": (width,), "qk_norm": (s.heads + s.kv_heads, s.head_dim),
+            "o_proj": (s.hidden, attn), "o_bias": (s.hidden,), "gate_up": (2 * s.inter, s.hidden),
+            "down": (s.hidden, s.inter),
+        }  # fmt: skip
+        cache_shape = tuple(k_caches[0].shape)
+        if len(cache_shape) != 4 or cache_shape[2:] != (s.kv_heads, s.head_dim):
+            raise ValueError(f"native decode: cache shape {cache_shape} for {s.kv_heads}x{s.head_dim}")
+        rows, keep = [], []
+        for i, lw in enumerate(layers):
+            row = []
+            for name, want in shapes.items():
+                t = lw[name]
+                if t is None:
+                    if name in ("qkv_bias", "qk_norm", "o_bias"):
+                        row.append(0)
+                        continue
+                    raise ValueError(f"native decode: layer {i} has no {name}")
+                _dense(t, want, dtype, f"layer {i} {name}")
+                row.append(t.data_ptr())
+                keep.append(t)
+            for name, cache in (("k cache", k_caches[i]), ("v cache", v_caches[i])):
+                _dense(cache, cache_shape, dtype, f"layer {i} {name}")
+                row.append(cache.data_ptr())
+                keep.append(cache)
+            rows.append(row)
+        ptrs = torch.tensor(rows, dtype=torch.int64)
+        return LayerTable(ptrs, tuple(keep), dtype, cache_shape[0], cache_shape[1])
+
+    def __call__(
+        self,
+        shape: StackShape,
+        table: LayerTable,
+        x: torch.Tensor,
+        rotations: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        ix: PagedAttentionIndices,
+        aux: Sequence[torch.Tensor | None] | None = None,
+    ) -> None:
+        """Run every layer over ``x`` ``[T, hidden]`` in place (the residual stream after the last layer).
+        ``rotations``: ``[T, head_dim]`` float32 (cos, sin) pairs; ``slot_mapping`` ``[T]`` int64;
+        ``aux[i]``: a ``[T, hidden]`` tensor to receive the stream after layer ``i``, or ``None``."""
+        s, rows = shape, x.shape[0]
+        if not 1 <= rows <= self.max_rows or rows != ix.num_rows:
+            raise ValueError(f"native decode: {rows} rows (at most {self.max_rows}, indices {ix.num_rows})")
+        _dense(x, (rows, s.hidden), table.dtype, "x")
+        _dense(rotations, (rows, s.head_dim), torch.float32, "rotations")
+        _dense(slot_mapping, (rows,), torch.int64, "slot_mapping")
+        num_layers = table.ptrs.shape[0]
+        aux_ptrs = None
+        if aux is not None:
+            if len(aux) != num_layers:
+                raise ValueError(f"native decode: {len(aux)} aux outputs for {num_layers} layers")
+            for i, a in enumerate(aux):
+                if a is not None:
+                    _dense(a, (rows, s.hidden), table.dtype, f"aux output {i}")
+            aux_ptrs = torch.tensor([0 if a is None else a.data_ptr() for a in aux], dtype=torch.int64)
+        bt = ix.block_tables
+        rc = self._fn(
+            int(table.dtype == torch.bfloat16), num_layers, table.ptrs.data_ptr(), x.data_ptr(), rows,
+            s.hidden, s.heads, s.kv_heads, s.head_dim, s.inter, s.eps_root, s.qk_eps,
+            rotations.data_ptr(), slot_mapping.data_ptr(), table.num_blocks, table.block_size,
+            bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(), ix.req.data_ptr(),
+            ix.q_start.data_ptr(), ix.q_len.data_ptr(), ix.num_reqs, s.scale,
+            None if aux_ptrs is None else aux_ptrs.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("native decode: out of scratch memory")
+
+
+class SmallLinearKernel:
+    """``y = x @ w^T (+ bias) (+ residual)`` for 1 .. :attr:`max_rows` rows; float32 or bf16."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        if lib.tandem_small_linear_abi() != _ABI:
+            raise RuntimeError("small_linear library ABI mismatch; clear $TANDEM_CACHE_DIR/native")
+        self.max_rows = int(lib.tandem_small_linear_max_rows())
+        self.vectorized = bool(lib.tandem_small_linear_vectorized())
+        self._fn = lib.tandem_small_linear
+        self._fn.argtypes = _LINEAR_ARGS
+        self._fn.restype = ctypes.c_int
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        rows, (out, inp) = x.shape[0], weight.shape
+        dtype = weight.dtype
+        if dtype not in DTYPES or x.dtype != dtype or x.dim() != 2 or x.shape[1] != inp:
+            raise ValueError(f"small linear: x {x.dtype} {tuple(x.shape)}, weight {dtype} {(out, inp)}")
+        if not 1 <= rows <= self.max_rows:
+            raise ValueError(f"small linear: {rows} rows, at most {self.max_rows}")
+        if x.device.type != "cpu" or weight.device.type != "cpu" or not weight.is_contiguous():
+            raise ValueError("small linear: CPU tensors and a contiguous weight")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if bias is not None:
+            _dense(bias, (out,), dtype, "bias")
+        if residual is not None and (
+            residual.shape != (rows, out) or residual.dtype != dtype or residual.stride(1) != 1
+        ):
+            raise ValueError(f"small linear: residual {tuple(residual.shape)} for {(rows, out)}")
+        y = torch.empty(rows, out, dtype=dtype)
+        rc = self._fn(
+            int(dtype == torch.bfloat16), x.data_ptr(), x.stride(0), rows, weight.data_ptr(), out, inp,
+            None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0), y.data_ptr(), y.stride(0),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("small linear: out of scratch memory")
+        return y
+
+
+def decode_forward_kernel() -> DecodeForwardKernel | None:
+    """The compiled stack kernel, or ``None`` where native kernels are unavailable."""
+    lib = native.load("decode_forward")
+    return None if lib is None else DecodeForwardKernel(lib)
+
+
+def small_linear_kernel() -> SmallLinearKernel | None:
+    """The compiled few-row product, or ``None`` where native kernels are unavailable."""
+    lib = native.load("small_linear")
+    return None if lib is None else SmallLinearKernel(lib)

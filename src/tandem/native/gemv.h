@@ -1,0 +1,217 @@
+/* Shared pieces of the native few-row matrix products (small_linear.c, decode_forward.c): bf16
+ * conversion, and y = x @ W^T for 1..MAX_ROWS float32 rows of x against a float32 or bf16 weight, with
+ * every row's partial sums in registers while each weight tile streams from memory once.
+ *
+ * Semantics: products and sums accumulate in float32 in a fixed order per output (the same result
+ * whatever the thread count). Included, not linked: every library gets its own static copy.
+ */
+#ifndef TANDEM_GEMV_H
+#define TANDEM_GEMV_H
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#else
+#define HAVE_AVX2 0
+#endif
+
+#define MAX_ROWS 8
+#ifndef PF_F32
+#define PF_F32 4096
+#endif
+#ifndef PF_BYTES
+#define PF_BYTES 4096
+#endif
+
+/* acc[r * ot + j] = sum_i x[r][i] * w[o + j][i] for the tile's nj <= ot features (ot: the tile width). */
+static void tile_portable(const float *xf, int64_t rows, int64_t in, const void *w, int64_t o,
+                          int64_t nj, int64_t ot, int is_bf16, float *acc) {
+    for (int64_t j = 0; j < nj; j++) {
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = xf + r * in;
+            float s = 0.0f;
+            for (int64_t i = 0; i < in; i++) s += xr[i] * load_elem(w, (o + j) * in + i, is_bf16);
+            acc[r * ot + j] = s;
+        }
+    }
+}
+
+#if HAVE_AVX2
+static inline __m256 load8_f32(const void *w, int64_t elem) { return _mm256_loadu_ps((const float *)w + elem); }
+
+static inline __m256 load8_bf16(const void *w, int64_t elem) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + elem));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ROWS x OT accumulators in registers (with the OT weight chunks and one x chunk: at most 16 ymm), one
+ * instantiation per weight dtype so the hot loop has no branch. */
+#define DEFINE_TILE_AVX2(ROWS, OT, DT)                                                                    \
+    static void tile_avx2_##DT##_##ROWS##x##OT(const float *xf, int64_t in, const void *w, int64_t o,  \
+                                               float *acc) {                                            \
+        __m256 a[ROWS][OT];                                                                             \
+        for (int r = 0; r < ROWS; r++)                                                                  \
+            for (int j = 0; j < OT; j++) a[r][j] = _mm256_setzero_ps();                                 \
+        for (int64_t i = 0; i < in; i += 8) {                                                           \
+            __m256 wv[OT];                                                                              \
+            for (int j = 0; j < OT; j++) {                                                              \
+                if (PF_F32 && (i & 15) == 0)                                                            \
+                    _mm_prefetch((const char *)w + ((o + j) * in + i) * sizeof(float) + PF_F32, _MM_HINT_T0); \
+                wv[j] = load8_##DT(w, (o + j) * in + i);                                                \
+            }                                                                                           \
+            for (int r = 0; r < ROWS; r++) {                                                            \
+                const __m256 xv = _mm256_loadu_ps(xf + r * in + i);                                     \
+                for (int j = 0; j < OT; j++) a[r][j] = _mm256_fmadd_ps(xv, wv[j], a[r][j]);             \
+            }                                                                                           \
+        }                                                                                               \
+        for (int r = 0; r < ROWS; r++)                                                                  \
+            for (int j = 0; j < OT; j++) acc[r * OT + j] = hsum8(a[r][j]);                              \
+    }
+#define DEFINE_TILES_AVX2(DT)                                                                           \
+    DEFINE_TILE_AVX2(1, 4, DT)                                                                          \
+    DEFINE_TILE_AVX2(1, 2, DT)                                                                          \
+    DEFINE_TILE_AVX2(2, 2, DT)                                                                          \
+    DEFINE_TILE_AVX2(3, 2, DT)                                                                          \
+    DEFINE_TILE_AVX2(4, 2, DT)                                                                          \
+    DEFINE_TILE_AVX2(5, 2, DT)                                                                          \
+    DEFINE_TILE_AVX2(6, 2, DT)                                                                          \
+    /* Two or more rows: six (then the rest) at a time over the same weight tile, still in L1. */       \
+    static void tile_avx2_##DT(const float *xf, int64_t rows, int64_t in, const void *w, int64_t o,    \
+                               float *acc) {                                                            \
+        if (rows == 1) {                                                                                \
+            tile_avx2_##DT##_1x4(xf, in, w, o, acc);                                                    \
+            return;                                                                                     \
+        }                                                                                               \
+        float part[6 * 2];                                                                              \
+        for (int64_t r0 = 0; r0 < rows; r0 += 6) {                                                      \
+            const int64_t n = rows - r0 < 6 ? rows - r0 : 6;                                            \
+            const float *x0 = xf + r0 * in;                                                             \
+            switch (n) {                                                                                \
+                case 1: tile_avx2_##DT##_1x2(x0, in, w, o, part); break;                                \
+                case 2: tile_avx2_##DT##_2x2(x0, in, w, o, part); break;                                \
+                case 3: tile_avx2_##DT##_3x2(x0, in, w, o, part); break;                                \
+                case 4: tile_avx2_##DT##_4x2(x0, in, w, o, part); break;                                \
+                case 5: tile_avx2_##DT##_5x2(x0, in, w, o, part); break;                                \
+                default: tile_avx2_##DT##_6x2(x0, in, w, o, part); break;                               \
+            }                                                                                           \
+            memcpy(acc + r0 * 2, part, (size_t)(n * 2) * sizeof(float));                                \
+        }                                                                                               \
+    }
+DEFINE_TILES_AVX2(f32)
+
+/* bf16 weights, 16 at a time: one 32-byte load holds 8 (even, odd) pairs; a shift left by 16 gives the
+ * even elements as float32 and a mask the odd ones, two integer ops instead of a widening conversion.
+ * x is pre-split to match (split_pairs): each 16-block as its 8 even then its 8 odd elements. Each
+ * (row, feature) sums into two accumulators (even, odd), so no FMA chain waits on the other. */
+#define DEFINE_TILE_BF16(ROWS, OT)                                                                      \
+    static void tile_bf16_##ROWS##x##OT(const float *xp, int64_t in, const void *w, int64_t o,         \
+                                        float *acc) {                                                   \
+        const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);                                         \
+        __m256 ae[ROWS][OT], ao[ROWS][OT];                                                              \
+        for (int r = 0; r < ROWS; r++)                                                                  \
+            for (int j = 0; j < OT; j++) ae[r][j] = ao[r][j] = _mm256_setzero_ps();                     \
+        for (int64_t i = 0; i < in; i += 16) {                                                          \
+            for (int j = 0; j < OT; j++) {                                                              \
+                const uint16_t *src = (const uint16_t *)w + (o + j) * in + i;                           \
+                _mm_prefetch((const char *)src + PF_BYTES, _MM_HINT_T0);                                \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)src);                             \
+                const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));                        \
+                const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));                         \
+                for (int r = 0; r < ROWS; r++) {                                                        \
+                    ae[r][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + r * in + i), we, ae[r][j]);         \
+                    ao[r][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + r * in + i + 8), wo, ao[r][j]);     \
+                }                                                                                       \
+            }                                                                                           \
+        }                                                                                               \
+        for (int r = 0; r < ROWS; r++)                                                                  \
+            for (int j = 0; j < OT; j++) acc[r * OT + j] = hsum8(_mm256_add_ps(ae[r][j], ao[r][j]));    \
+    }
+DEFINE_TILE_BF16(1, 4)
+DEFINE_TILE_BF16(1, 2)
+DEFINE_TILE_BF16(2, 2)
+DEFINE_TILE_BF16(3, 2)
+
+static void tile_avx2_bf16(const float *xp, int64_t rows, int64_t in, const void *w, int64_t o, float *acc) {
+    if (rows == 1) {
+        tile_bf16_1x4(xp, in, w, o, acc);
+        return;
+    }
+    float part[3 * 2];
+    for (int64_t r0 = 0; r0 < rows; r0 += 3) {
+        const int64_t n = rows - r0 < 3 ? rows - r0 : 3;
+        const float *x0 = xp + r0 * in;
+        if (n == 1)
+            tile_bf16_1x2(x0, in, w, o, part);
+        else if (n == 2)
+            tile_bf16_2x2(x0, in, w, o, part);
+        else
+            tile_bf16_3x2(x0, in, w, o, part);
+        memcpy(acc + r0 * 2, part, (size_t)(n * 2) * sizeof(float));
+    }
+}
+
+/* dst: each 16-element block of each row of x as its 8 even then its 8 odd elements (in % 16 == 0). */
+static void split_pairs(const float *x, int64_t rows, int64_t in, float *dst) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < in; b += 16)
+            for (int k = 0; k < 8; k++) {
+                dst[r * in + b + k] = x[r * in + b + 2 * k];
+                dst[r * in + b + 8 + k] = x[r * in + b + 2 * k + 1];
+            }
+}
+#endif
+
+/* Output features one tile computes for a product of ``rows`` rows. */
+static inline int64_t tile_width(int64_t rows) { return rows == 1 ? 4 : 2; }
+
+/* Round a float32 value to the storage dtype's precision (bf16: nearest-even) and back. */
+static inline float round_to(float v, int is_bf16) {
+    if (!is_bf16) return v;
+    return bf16_to_f32(f32_to_bf16(v));
+}
+
+/* yf[r * ldy + o] = sum_i xf[r * in + i] * w[o * in + i] for r < rows <= MAX_ROWS, o < out; float32 out. */
+static void gemv_rows(const float *xf, int64_t rows, int64_t in, const void *w, int64_t out, int is_bf16,
+                      float *yf, int64_t ldy, int num_threads) {
+    const int64_t ot = tile_width(rows), tiles = (out + ot - 1) / ot;
+    const int vec = HAVE_AVX2 && in % (is_bf16 ? 16 : 8) == 0;
+    const float *xv = xf;
+    float *split = NULL;
+#if HAVE_AVX2
+    if (vec && is_bf16) {
+        split = malloc((size_t)(rows * in) * sizeof(float));
+        if (split) {
+            split_pairs(xf, rows, in, split);
+            xv = split;
+        }
+    }
+#endif
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t o = t * ot, nj = out - o < ot ? out - o : ot;
+        float acc[MAX_ROWS * 4];
+#if HAVE_AVX2
+        if (vec && nj == ot && is_bf16 && split)
+            tile_avx2_bf16(xv, rows, in, w, o, acc);
+        else if (vec && nj == ot && !is_bf16)
+            tile_avx2_f32(xv, rows, in, w, o, acc);
+        else
+#endif
+            tile_portable(xf, rows, in, w, o, nj, ot, is_bf16, acc);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < nj; j++) yf[r * ldy + o + j] = acc[r * ot + j];
+    }
+    free(split);
+}
+#endif
