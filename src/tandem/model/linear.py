@@ -188,13 +188,15 @@ class NativeLinear(OneDnnLinear):
     """Few-row products through ``native/small_linear.c`` (each weight streamed once, bf16 converted in
     registers); the rest as :class:`OneDnnLinear`.
 
-    Measured on a 2-core AVX2 EPYC (all 30 SmolLM2 layers' products; LM head): one row fp32 16.9 ms
-    against 37.7 ms (MKL's ``mv`` at 11 GB/s), bf16 13.6 against 16.3 ms; bf16 at 4 rows 24 ms against
-    82 ms (no oneDNN bf16 there). fp32 at 3+ rows stays with oneDNN's packed product, which is as fast.
+    Measured on a 2-core AVX2 EPYC (all 30 SmolLM2 layers' products): fp32 18 / 21 / 27 ms at 1 / 4 / 8
+    rows against oneDNN's 35 / 29 / 33 (MKL's one-row ``mv`` at 11 GB/s); bf16 12 / 20 / 29 / 46 / 78 ms
+    at 1 / 4 / 8 / 16 / 32 rows against torch's 16 / 60 / 117 / 229 / 453 (oneDNN has no bf16 on AVX2).
+    So: up to ``FEW_ROWS`` rows always, and bf16 up to the kernel's limit where oneDNN lacks bf16.
     Frozen CPU weights only (the kernel has no autograd).
     """
 
     name = "native"
+    FEW_ROWS = 8
 
     def __init__(self, small_rows: int = 32) -> None:
         super().__init__(small_rows)
@@ -209,8 +211,21 @@ class NativeLinear(OneDnnLinear):
         if weight.requires_grad or x.requires_grad or not weight.is_contiguous():
             return False
         if x.dtype == torch.float32:
-            return x.shape[0] < 3 or not self._enabled
-        return x.dtype == torch.bfloat16
+            return x.shape[0] <= self.FEW_ROWS or not self._enabled
+        # bf16: beyond a few rows only where oneDNN cannot run bf16 (it is faster where it can).
+        return x.dtype == torch.bfloat16 and (x.shape[0] <= self.FEW_ROWS or not self._bf16)
+
+    def _widen(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Many bf16 rows where oneDNN has no bf16 (AVX2): torch's own bf16 GEMM runs at a fraction of
+        its float32 speed there (a 512-token prefill of SmolLM2: 7.4 s), so the product is computed in
+        float32 on a widened copy of the weight (one pass over it, ~1 % of such a product) and rounded."""
+        return (
+            x.dtype == torch.bfloat16
+            and weight.dtype == torch.bfloat16
+            and not self._bf16
+            and x.device.type == "cpu"
+            and not (weight.requires_grad or x.requires_grad)
+        )
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -218,6 +233,9 @@ class NativeLinear(OneDnnLinear):
         if self._native_rows(x, weight) and (bias is None or bias.is_contiguous()):
             assert self._kernel is not None
             return self._kernel(x, weight, bias)
+        if self._widen(x, weight):
+            b = None if bias is None else bias.float()
+            return F.linear(x.float(), weight.float(), b).to(torch.bfloat16)
         return super().linear(x, weight, bias)
 
     def linear_add(
@@ -226,6 +244,9 @@ class NativeLinear(OneDnnLinear):
         if self._native_rows(x, weight) and residual.dtype == x.dtype and residual.dim() == 2:
             assert self._kernel is not None
             return self._kernel(x, weight, None, residual.contiguous())
+        if self._widen(x, weight):
+            out = torch.addmm(residual.float(), x.float(), weight.float().t())
+            return out.to(torch.bfloat16)
         return super().linear_add(residual, x, weight)
 
 

@@ -50,7 +50,7 @@ static void unit_rms_rows(const Shape *s, const float *x, float *dst) {
 }
 
 /* q, k, v of every row: norm, product (+ bias), per-head norm, RoPE; q to q_out, k and v to their slots. */
-static void attention_inputs(const Shape *s, const int64_t *lp, const float *x, float *hbuf,
+static int attention_inputs(const Shape *s, const int64_t *lp, const float *x, float *hbuf,
                              float *qkv, const float *rot, const int64_t *slots, int64_t num_slots,
                              void *q_out) {
     const int bf = s->is_bf16;
@@ -58,7 +58,7 @@ static void attention_inputs(const Shape *s, const int64_t *lp, const float *x, 
     const void *w = (const void *)lp[0], *bias = (const void *)lp[1], *qk_norm = (const void *)lp[2];
     void *k_cache = (void *)lp[7], *v_cache = (void *)lp[8];
     unit_rms_rows(s, x, hbuf);
-    gemv_rows(hbuf, s->rows, s->hidden, w, width, bf, qkv, width, s->threads);
+    if (gemv_rows(hbuf, s->rows, s->hidden, w, width, bf, qkv, width, s->threads)) return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         float *row = qkv + r * width;
         for (int64_t j = 0; j < width; j++)
@@ -88,21 +88,22 @@ static void attention_inputs(const Shape *s, const int64_t *lp, const float *x, 
         const float *vv = row + nqk * hd;
         for (int64_t j = 0; j < s->kv_heads * hd; j++) store_elem(v_cache, slot * s->kv_heads * hd + j, vv[j], bf);
     }
+    return 0;
 }
 
 /* x += attn @ o^T (+ o bias); x += SwiGLU(norm(x)) @ down^T. x is float32 holding dtype-rounded values. */
-static void mlp_block(const Shape *s, const int64_t *lp, float *x, const void *attn, float *abuf,
+static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *attn, float *abuf,
                       float *hbuf, float *gu, float *act) {
     const int bf = s->is_bf16;
     const int64_t h = s->hidden, a = s->heads * s->head_dim, inter = s->inter;
     const void *o_w = (const void *)lp[3], *o_bias = (const void *)lp[4];
     for (int64_t i = 0; i < s->rows * a; i++) abuf[i] = load_elem(attn, i, bf);
-    gemv_rows(abuf, s->rows, a, o_w, h, bf, hbuf, h, s->threads);
+    if (gemv_rows(abuf, s->rows, a, o_w, h, bf, hbuf, h, s->threads)) return -2;
     for (int64_t r = 0; r < s->rows; r++)
         for (int64_t i = 0; i < h; i++)
             x[r * h + i] = round_to(x[r * h + i] + hbuf[r * h + i] + (o_bias ? load_elem(o_bias, i, bf) : 0.0f), bf);
     unit_rms_rows(s, x, hbuf);
-    gemv_rows(hbuf, s->rows, h, (const void *)lp[5], 2 * inter, bf, gu, 2 * inter, s->threads);
+    if (gemv_rows(hbuf, s->rows, h, (const void *)lp[5], 2 * inter, bf, gu, 2 * inter, s->threads)) return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         const float *g = gu + r * 2 * inter, *u = g + inter;
         for (int64_t i = 0; i < inter; i++) {
@@ -111,8 +112,9 @@ static void mlp_block(const Shape *s, const int64_t *lp, float *x, const void *a
             act[r * inter + i] = round_to(silu * round_to(u[i], bf), bf);
         }
     }
-    gemv_rows(act, s->rows, inter, (const void *)lp[6], h, bf, hbuf, h, s->threads);
+    if (gemv_rows(act, s->rows, inter, (const void *)lp[6], h, bf, hbuf, h, s->threads)) return -2;
     for (int64_t i = 0; i < s->rows * h; i++) x[i] = round_to(x[i] + hbuf[i], bf);
+    return 0;
 }
 
 int tandem_decode_forward_abi(void) { return TANDEM_DECODE_FORWARD_ABI; }
@@ -145,12 +147,13 @@ int tandem_decode_forward(
     int rc = 0;
     for (int64_t l = 0; l < num_layers && rc == 0; l++) {
         const int64_t *lp = layer_ptrs + l * LAYER_PTRS;
-        attention_inputs(&s, lp, xf, hbuf, qkv, rot, slots, num_blocks * block_size, q);
+        rc = attention_inputs(&s, lp, xf, hbuf, qkv, rot, slots, num_blocks * block_size, q);
+        if (rc != 0) break;
         rc = tandem_paged_attention(is_bf16, q, a, attn, a, (const void *)lp[7], (const void *)lp[8],
                                     num_blocks, block_size, block_tables, bt_stride, seq_lens, req, q_start,
                                     q_len, num_reqs, heads, kv_heads, head_dim, scale, num_threads);
         if (rc != 0) break;
-        mlp_block(&s, lp, xf, attn, abuf, hbuf, gu, act);
+        rc = mlp_block(&s, lp, xf, attn, abuf, hbuf, gu, act);
         if (aux && aux[l])
             for (int64_t i = 0; i < rows * hidden; i++) store_elem((void *)aux[l], i, xf[i], is_bf16);
     }

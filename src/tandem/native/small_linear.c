@@ -1,4 +1,4 @@
-/* Matrix products of few rows on the CPU: y = x @ W^T (+ bias) (+ residual), for 1..MAX_ROWS rows of x.
+/* Matrix products of few rows on the CPU: y = x @ W^T (+ bias) (+ residual), for 1..GEMV_MAX_ROWS rows of x.
  *
  * At decode (one row per request) and speculative verify (k + 1 rows) a projection is a pass over the
  * weight: it reads every weight once and does 2 * rows flops per element, so its speed is the speed at
@@ -18,22 +18,25 @@
 #define TANDEM_SMALL_LINEAR_ABI 1
 
 int tandem_small_linear_abi(void) { return TANDEM_SMALL_LINEAR_ABI; }
-int tandem_small_linear_max_rows(void) { return MAX_ROWS; }
+int tandem_small_linear_max_rows(void) { return GEMV_MAX_ROWS; }
 int tandem_small_linear_vectorized(void) { return HAVE_AVX2; }
 
 /* x: [rows, in] with row stride x_stride; w: [out, in] dense; bias: [out] or NULL; residual: [rows, out]
  * with row stride res_stride, or NULL; y: [rows, out] with row stride y_stride. Returns 0, -1 when rows
- * is outside 1..MAX_ROWS, -2 when scratch memory could not be allocated. */
+ * is outside 1..GEMV_MAX_ROWS, -2 when scratch memory could not be allocated. */
 int tandem_small_linear(int is_bf16, const void *x, int64_t x_stride, int64_t rows, const void *w,
                         int64_t out, int64_t in, const void *bias, const void *residual,
                         int64_t res_stride, void *y, int64_t y_stride, int num_threads) {
-    if (rows < 1 || rows > MAX_ROWS) return -1;
+    if (rows < 1 || rows > GEMV_MAX_ROWS) return -1;
     float *xf = malloc((size_t)(rows * in + rows * out) * sizeof(float));
     if (!xf) return -2;
     float *yf = xf + rows * in;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < in; i++) xf[r * in + i] = load_elem(x, r * x_stride + i, is_bf16);
-    gemv_rows(xf, rows, in, w, out, is_bf16, yf, out, num_threads);
+    if (gemv_rows(xf, rows, in, w, out, is_bf16, yf, out, num_threads) != 0) {
+        free(xf);
+        return -2;
+    }
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t o = 0; o < out; o++) {
             float v = yf[r * out + o];
