@@ -6,11 +6,13 @@ low-precision weights and decode-sized inputs, picks the formulation torch's CPU
 (measured on the 2-core dev machine, all 30 layers of SmolLM2-135M plus its LM head, bf16):
 ``mv`` for a single row (17 ms instead of 22 ms per step at 2 threads) and ``W @ x^T`` for a few rows
 (21.5 ms instead of 23.5 ms at 16 rows). float32 goes to the reference: MKL's ``x @ W^T`` is at memory
-bandwidth for one or two rows. ``onednn`` (the CPU default) runs oneDNN's linear on weights re-laid out
+bandwidth for one or two rows (on some CPUs). ``onednn`` runs oneDNN's linear on weights re-laid out
 once into its blocked format: MKL's fp32 GEMM is far from bandwidth for 3-64 rows (the verify rows of
 speculative decoding, a 16-way decode batch): all 30 SmolLM2 gate/up projections took 20.3 / 27.5 / 28.2 ms
 at 4 / 8 / 16 rows against 14.1 / 16.4 / 19.9 ms packed (12 ms is the one-row, bandwidth-bound time), and
-bf16 9.6-10 ms packed against 12-14 ms for 2-16 rows. All are tested against ``torch``.
+bf16 9.6-10 ms packed against 12-14 ms for 2-16 rows. ``native`` (the CPU default where the C kernels
+build) computes few-row products in ``native/small_linear.c`` and leaves the rest to ``onednn``
+(:class:`NativeLinear`). All are tested against ``torch``.
 """
 
 from __future__ import annotations
