@@ -164,3 +164,25 @@ def test_small_linear_matches_torch(dtype: torch.dtype, shape: tuple[int, int]) 
         kernel(torch.randn(kernel.max_rows + 1, inp).to(dtype), w)
     with pytest.raises(ValueError, match="x"):
         kernel(torch.randn(2, inp + 1).to(dtype), w)
+
+
+def test_a_dropped_model_is_freed_without_the_cycle_collector() -> None:
+    """The native path must not make a reference cycle: each dropped engine would otherwise keep its
+    weights until a full collection (a CI run once grew past 20 GB that way)."""
+    import gc
+    import weakref
+
+    model, _ = _model("llama-tied", torch.float32)
+    sc = Scenario({"A": 6}, block_size=4)
+    cache = _cache(model, sc, torch.float32)
+    sc.step([("A", 5)])
+    batch, _ = sc.step([("A", 1)])
+    model(batch, cache)
+    assert model._native is not None and model._native._table is not None
+    ref = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert ref() is None, "the model outlived its last reference (a reference cycle)"
+    finally:
+        gc.enable()

@@ -43,7 +43,9 @@ class NativeDecode:
         args, shard = model.args, model.shard
         layer0 = model.layers[0]
         self.kernel = kernel
-        self.model = model
+        # The layers, not the model: the model holds this object, and a reference back would make a
+        # cycle that keeps every dropped model's weights alive until a full garbage collection.
+        self._layers = tuple(model.layers)
         self.shape = StackShape(
             hidden=args.hidden_size,
             heads=shard.num_heads,
@@ -86,7 +88,7 @@ class NativeDecode:
                     "o_proj": layer.o_proj, "o_bias": layer.o_bias, "gate_up": layer.gate_up,
                     "down": layer.down,
                 }  # fmt: skip
-                for layer in self.model.layers
+                for layer in self._layers
             ]
             self._table = self.kernel.layer_table(self.shape, layers, kv_cache.k, kv_cache.v)
             self._table_key = key
@@ -112,6 +114,6 @@ class NativeDecode:
         if aux_hidden_layers:
             for i in aux_hidden_layers:
                 captured.setdefault(i, torch.empty_like(x))
-            aux = [captured.get(i) for i in range(self.model.num_layers)]
+            aux = [captured.get(i) for i in range(len(self._layers))]
         self.kernel(self.shape, table, x, rot.contiguous(), meta.slot_mapping, meta.short, aux)
         return x, [captured[i] for i in aux_hidden_layers]

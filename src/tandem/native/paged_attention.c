@@ -10,8 +10,10 @@
  * Scores, softmax and the weighted sum accumulate in float32 for both storage dtypes; a bf16 result is
  * rounded to nearest-even once at the end.
  *
- * Two implementations of a task: portable C for any head size, and an AVX-512 one for head sizes 64 and
- * 128 (scores of 16 keys reduced together, accumulators in registers, rows prefetched 16 keys ahead).
+ * Three implementations of a task: portable C for any head size; an AVX-512 one for head sizes 64 and
+ * 128 (scores of 16 keys reduced together, accumulators in registers, rows prefetched 16 keys ahead); an
+ * AVX2 one for head sizes that are multiples of 8 up to 256 (scores of 8 keys reduced together, value
+ * accumulators in L1), for CPUs without AVX-512 and the head sizes the AVX-512 task does not cover.
  *
  * Memory safety: every index read from the tables is clamped to the tensors' bounds (a malformed table
  * can give a wrong answer, never an out-of-bounds read); the Python wrapper checks the query rows.
@@ -22,7 +24,7 @@
 #include <string.h>
 
 #include "bf16.h"
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -202,11 +204,82 @@ DEFINE_TASK_AVX512(8, 2)
 #define HAVE_AVX512_TASKS 0
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 load8_kv(const void *base, int64_t elem, int is_bf16) {
+    if (is_bf16) {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + elem));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+    }
+    return _mm256_loadu_ps((const float *)base + elem);
+}
+
+/* Lane j of the result is the sum of the lanes of x[j]. */
+static inline __m256 reduce8(const __m256 *x) {
+    const __m256 b0 = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
+    const __m256 b1 = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+static inline void prefetch_kv_row(const void *base, int64_t elem, int64_t bytes, int is_bf16) {
+    const char *row = (const char *)base + elem * (is_bf16 ? 2 : 4);
+    for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+}
+
+/* AVX2 task for head_dim = 8 * nch: ``acc`` is nq * head_dim floats of scratch. */
+static void task_avx2(const Problem *pb, Task *t, int64_t nq, float *acc) {
+    const int bf = pb->is_bf16;
+    const int64_t hd = pb->head_dim, nch = hd / 8, row_bytes = hd * (bf ? 2 : 4);
+    for (int64_t c0 = 0; c0 < t->len; c0 += 8) {
+        const int64_t nk = t->len - c0 < 8 ? t->len - c0 : 8;
+        for (int64_t k = 0; k < 8 && c0 + 8 + k < t->len; k++)
+            prefetch_kv_row(pb->k_cache, t->rows[c0 + 8 + k], row_bytes, bf);
+        for (int64_t i = 0; i < nq; i++) {
+            const float *qv = t->qf + i * hd;
+            __m256 part[8];
+            for (int64_t k = 0; k < 8; k++) {
+                if (k >= nk) {
+                    part[k] = _mm256_setzero_ps();
+                    continue;
+                }
+                const int64_t row = t->rows[c0 + k];
+                __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qv), load8_kv(pb->k_cache, row, bf));
+                for (int64_t c = 1; c < nch; c++)
+                    s = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * c), load8_kv(pb->k_cache, row + 8 * c, bf), s);
+                part[k] = s;
+            }
+            /* c0 + 8 <= len rounded up to 8 <= len16: the store stays inside this query's scores. */
+            _mm256_storeu_ps(t->p + i * t->len16 + c0, reduce8(part));
+        }
+    }
+    softmax_rows(pb, t, nq);
+    memset(acc, 0, (size_t)(nq * hd) * sizeof(float));
+    for (int64_t pos = 0; pos < t->len; pos++) {
+        if (pos + 8 < t->len) prefetch_kv_row(pb->v_cache, t->rows[pos + 8], row_bytes, bf);
+        const int64_t row = t->rows[pos];
+        for (int64_t c = 0; c < nch; c++) {
+            const __m256 v = load8_kv(pb->v_cache, row + 8 * c, bf);
+            for (int64_t i = 0; i < nq; i++) {
+                float *ai = acc + i * hd + 8 * c;
+                const __m256 w = _mm256_set1_ps(t->p[i * t->len16 + pos]);
+                _mm256_storeu_ps(ai, _mm256_fmadd_ps(w, v, _mm256_loadu_ps(ai)));
+            }
+        }
+    }
+    for (int64_t i = 0; i < nq; i++) store_out(pb, t, i, acc + i * hd);
+}
+#define HAVE_AVX2_TASK 1
+#else
+#define HAVE_AVX2_TASK 0
+#endif
+
 int tandem_paged_attention_abi(void) { return TANDEM_PAGED_ATTENTION_ABI; }
 
-/* Whether head_dim takes the vectorised path in this build (for tests and diagnostics). */
+/* Which task head_dim takes in this build (for tests and diagnostics): 2 the AVX-512 one, 1 the AVX2 one,
+ * 0 the portable one. */
 int tandem_paged_attention_fast_path(int64_t head_dim) {
-    return HAVE_AVX512_TASKS && (head_dim == 64 || head_dim == 128);
+    if (HAVE_AVX512_TASKS && (head_dim == 64 || head_dim == 128)) return 2;
+    if (HAVE_AVX2_TASK && head_dim % 8 == 0 && head_dim <= 256) return 1;
+    return 0;
 }
 
 /* q: [.., q_row_stride] rows; head h of row t starts at q + t * q_row_stride + h * head_dim.
@@ -253,10 +326,15 @@ int tandem_paged_attention(
             for (int64_t d = 0; d < head_dim; d++) qi[d] *= scale;
         }
 #if HAVE_AVX512_TASKS
-        if (fast && head_dim == 64)
+        if (fast == 2 && head_dim == 64)
             task_avx512_4(&pb, &t, nq);
-        else if (fast && head_dim == 128)
+        else if (fast == 2 && head_dim == 128)
             task_avx512_8(&pb, &t, nq);
+        else
+#endif
+#if HAVE_AVX2_TASK
+        if (fast == 1)
+            task_avx2(&pb, &t, nq, acc);
         else
 #endif
             task_generic(&pb, &t, nq, row_buf, acc);
