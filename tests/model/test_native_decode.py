@@ -13,7 +13,8 @@ from tandem import native
 from tandem.model import CausalLM, KVCache
 from tandem.model.native_decode import NativeDecode
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
-from tandem.native.decode_forward import decode_forward_kernel, small_linear_kernel
+from tandem.native.decode_forward import decode_forward_kernel
+from tandem.native.small_linear import small_linear_kernel
 from tests.model.test_transformer_vs_hf import (
     CONFIGS,
     Scenario,

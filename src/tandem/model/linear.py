@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.native.decode_forward import small_linear_kernel
+from tandem.native.small_linear import small_linear_kernel
 
 
 class LinearKernels(Protocol):

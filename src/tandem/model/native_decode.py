@@ -106,7 +106,7 @@ class NativeDecode:
         meta = batch.attn_metadata
         assert isinstance(meta, PagedCpuMetadata) and meta.short is not None
         table = self._layer_table(kv_cache)
-        x = x.contiguous().clone()
+        x = x.contiguous()  # the embedding's fresh output: the kernel overwrites it in place
         rows = x.shape[0]
         rot = torch.view_as_real(rotations).reshape(rows, self.shape.head_dim)
         aux: list[torch.Tensor | None] | None = None

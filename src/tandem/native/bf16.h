@@ -1,4 +1,5 @@
-/* bfloat16 <-> float32 and index clamping, shared by the native kernels (included, not linked). */
+/* bfloat16 <-> float32 (scalar and, with AVX2, 8 at a time) and index clamping, shared by the native
+ * kernels (included, not linked). */
 #ifndef TANDEM_BF16_H
 #define TANDEM_BF16_H
 #include <stdint.h>
@@ -25,4 +26,20 @@ static inline uint16_t f32_to_bf16(float f) {
 static inline float load_elem(const void *base, int64_t i, int is_bf16) {
     return is_bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* Elements elem .. elem + 7 as float32: loaded, or bf16 widened by a shift into the high half. */
+static inline __m256 load8_f32(const void *base, int64_t elem) { return _mm256_loadu_ps((const float *)base + elem); }
+
+static inline __m256 load8_bf16(const void *base, int64_t elem) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + elem));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+static inline __m256 load8(const void *base, int64_t elem, int is_bf16) {
+    return is_bf16 ? load8_bf16(base, elem) : load8_f32(base, elem);
+}
+#endif
 #endif

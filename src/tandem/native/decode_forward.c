@@ -21,6 +21,7 @@
 #include "paged_attention.c"
 
 #define TANDEM_DECODE_FORWARD_ABI 1
+#define MAX_ROWS 8 /* short steps: one decode row, or a decode row and up to 7 drafts */
 #define LAYER_PTRS 9 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache */
 
 typedef struct {

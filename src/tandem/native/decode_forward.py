@@ -1,5 +1,5 @@
-"""Python side of ``decode_forward.c`` (the whole decoder stack for short steps) and ``small_linear.c``
-(few-row matrix products): argument checks and the ctypes calls.
+"""Python side of ``decode_forward.c`` (the whole decoder stack for short steps): argument checks and the
+ctypes call.
 
 The kernels read raw memory, so everything the C code assumes is checked here: CPU tensors of one dtype,
 dense layouts, the row count, and, for the stack, every layer's weight shapes (once, when the layer
@@ -16,10 +16,10 @@ import torch
 
 from tandem import native
 from tandem.native.paged_attention import PagedAttentionIndices
+from tandem.native.small_linear import DTYPES, check_dense
 
 _ABI = 1
 LAYER_PTRS = 9  # qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache
-DTYPES = (torch.float32, torch.bfloat16)
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _FORWARD_ARGS = [
     ctypes.c_int, _i64, _ptr, _ptr, _i64, _i64,  # is_bf16, num_layers, layer_ptrs, x, rows, hidden
@@ -27,10 +27,6 @@ _FORWARD_ARGS = [
     _ptr, _ptr, _i64, _i64,  # rot, slots, num_blocks, block_size
     _ptr, _i64, _ptr, _ptr,  # block_tables, bt_stride, seq_lens, req
     _ptr, _ptr, _i64, _f32, _ptr, ctypes.c_int,  # q_start, q_len, num_reqs, scale, aux, threads
-]  # fmt: skip
-_LINEAR_ARGS = [
-    ctypes.c_int, _ptr, _i64, _i64, _ptr, _i64, _i64,  # is_bf16, x, x_stride, rows, w, out, in
-    _ptr, _ptr, _i64, _ptr, _i64, ctypes.c_int,  # bias, residual, res_stride, y, y_stride, threads
 ]  # fmt: skip
 
 
@@ -57,16 +53,6 @@ class LayerTable:
     dtype: torch.dtype
     num_blocks: int
     block_size: int
-
-
-def _dense(t: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, what: str) -> None:
-    if t.device.type != "cpu" or t.dtype != dtype or tuple(t.shape) != tuple(shape):
-        raise ValueError(
-            f"native decode: {what} is {t.dtype} {tuple(t.shape)} on {t.device}, "
-            f"expected {dtype} {tuple(shape)} on the CPU"
-        )
-    if not t.is_contiguous():
-        raise ValueError(f"native decode: {what} must be contiguous")
 
 
 class DecodeForwardKernel:
@@ -112,11 +98,11 @@ class DecodeForwardKernel:
                         row.append(0)
                         continue
                     raise ValueError(f"native decode: layer {i} has no {name}")
-                _dense(t, want, dtype, f"layer {i} {name}")
+                check_dense(t, want, dtype, f"layer {i} {name}")
                 row.append(t.data_ptr())
                 keep.append(t)
             for name, cache in (("k cache", k_caches[i]), ("v cache", v_caches[i])):
-                _dense(cache, cache_shape, dtype, f"layer {i} {name}")
+                check_dense(cache, cache_shape, dtype, f"layer {i} {name}")
                 row.append(cache.data_ptr())
                 keep.append(cache)
             rows.append(row)
@@ -139,9 +125,9 @@ class DecodeForwardKernel:
         s, rows = shape, x.shape[0]
         if not 1 <= rows <= self.max_rows or rows != ix.num_rows:
             raise ValueError(f"native decode: {rows} rows (at most {self.max_rows}, indices {ix.num_rows})")
-        _dense(x, (rows, s.hidden), table.dtype, "x")
-        _dense(rotations, (rows, s.head_dim), torch.float32, "rotations")
-        _dense(slot_mapping, (rows,), torch.int64, "slot_mapping")
+        check_dense(x, (rows, s.hidden), table.dtype, "x")
+        check_dense(rotations, (rows, s.head_dim), torch.float32, "rotations")
+        check_dense(slot_mapping, (rows,), torch.int64, "slot_mapping")
         num_layers = table.ptrs.shape[0]
         aux_ptrs = None
         if aux is not None:
@@ -149,7 +135,7 @@ class DecodeForwardKernel:
                 raise ValueError(f"native decode: {len(aux)} aux outputs for {num_layers} layers")
             for i, a in enumerate(aux):
                 if a is not None:
-                    _dense(a, (rows, s.hidden), table.dtype, f"aux output {i}")
+                    check_dense(a, (rows, s.hidden), table.dtype, f"aux output {i}")
             aux_ptrs = torch.tensor([0 if a is None else a.data_ptr() for a in aux], dtype=torch.int64)
         bt = ix.block_tables
         rc = self._fn(
@@ -164,61 +150,7 @@ class DecodeForwardKernel:
             raise MemoryError("native decode: out of scratch memory")
 
 
-class SmallLinearKernel:
-    """``y = x @ w^T (+ bias) (+ residual)`` for 1 .. :attr:`max_rows` rows; float32 or bf16."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        if lib.tandem_small_linear_abi() != _ABI:
-            raise RuntimeError("small_linear library ABI mismatch; clear $TANDEM_CACHE_DIR/native")
-        self.max_rows = int(lib.tandem_small_linear_max_rows())
-        self.vectorized = bool(lib.tandem_small_linear_vectorized())
-        self._fn = lib.tandem_small_linear
-        self._fn.argtypes = _LINEAR_ARGS
-        self._fn.restype = ctypes.c_int
-
-    def __call__(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        rows, (out, inp) = x.shape[0], weight.shape
-        dtype = weight.dtype
-        if dtype not in DTYPES or x.dtype != dtype or x.dim() != 2 or x.shape[1] != inp:
-            raise ValueError(f"small linear: x {x.dtype} {tuple(x.shape)}, weight {dtype} {(out, inp)}")
-        if not 1 <= rows <= self.max_rows:
-            raise ValueError(f"small linear: {rows} rows, at most {self.max_rows}")
-        if x.device.type != "cpu" or weight.device.type != "cpu" or not weight.is_contiguous():
-            raise ValueError("small linear: CPU tensors and a contiguous weight")
-        if x.stride(1) != 1:
-            x = x.contiguous()
-        if bias is not None:
-            _dense(bias, (out,), dtype, "bias")
-        if residual is not None and (
-            residual.shape != (rows, out) or residual.dtype != dtype or residual.stride(1) != 1
-        ):
-            raise ValueError(f"small linear: residual {tuple(residual.shape)} for {(rows, out)}")
-        y = torch.empty(rows, out, dtype=dtype)
-        rc = self._fn(
-            int(dtype == torch.bfloat16), x.data_ptr(), x.stride(0), rows, weight.data_ptr(), out, inp,
-            None if bias is None else bias.data_ptr(),
-            None if residual is None else residual.data_ptr(),
-            0 if residual is None else residual.stride(0), y.data_ptr(), y.stride(0),
-            torch.get_num_threads(),
-        )  # fmt: skip
-        if rc != 0:
-            raise MemoryError("small linear: out of scratch memory")
-        return y
-
-
 def decode_forward_kernel() -> DecodeForwardKernel | None:
     """The compiled stack kernel, or ``None`` where native kernels are unavailable."""
     lib = native.load("decode_forward")
     return None if lib is None else DecodeForwardKernel(lib)
-
-
-def small_linear_kernel() -> SmallLinearKernel | None:
-    """The compiled few-row product, or ``None`` where native kernels are unavailable."""
-    lib = native.load("small_linear")
-    return None if lib is None else SmallLinearKernel(lib)

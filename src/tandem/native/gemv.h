@@ -1,5 +1,5 @@
 /* Shared pieces of the native few-row matrix products (small_linear.c, decode_forward.c): bf16
- * conversion, and y = x @ W^T for 1..MAX_ROWS float32 rows of x against a float32 or bf16 weight, with
+ * conversion, and y = x @ W^T for 1..GEMV_MAX_ROWS float32 rows of x against a float32 or bf16 weight, with
  * every row's partial sums in registers while each weight tile streams from memory once.
  *
  * Semantics: products and sums accumulate in float32 in a fixed order per output (the same result
@@ -13,21 +13,14 @@
 
 #include "bf16.h"
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 #define HAVE_AVX2 1
 #else
 #define HAVE_AVX2 0
 #endif
 
-#define MAX_ROWS 8      /* the decoder stack's limit (decode_forward.c) */
 #define GEMV_MAX_ROWS 64 /* gemv_rows' limit */
 #define CONVERT_ROWS 4   /* bf16 weights: from this many rows, convert each tile once to float32 */
-#ifndef PF_F32
-#define PF_F32 4096
-#endif
-#ifndef PF_BYTES
-#define PF_BYTES 4096
-#endif
+#define PF_BYTES 4096    /* software prefetch distance along a weight stream (measured best, 2-16 KB) */
 
 /* acc[r * ot + j] = sum_i x[r][i] * w[o + j][i] for the tile's nj <= ot features (ot: the tile width). */
 static void tile_portable(const float *xf, int64_t rows, int64_t in, const void *w, int64_t o,
@@ -43,13 +36,6 @@ static void tile_portable(const float *xf, int64_t rows, int64_t in, const void 
 }
 
 #if HAVE_AVX2
-static inline __m256 load8_f32(const void *w, int64_t elem) { return _mm256_loadu_ps((const float *)w + elem); }
-
-static inline __m256 load8_bf16(const void *w, int64_t elem) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + elem));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -68,8 +54,8 @@ static inline float hsum8(__m256 v) {
         for (int64_t i = 0; i < in; i += 8) {                                                           \
             __m256 wv[OT];                                                                              \
             for (int j = 0; j < OT; j++) {                                                              \
-                if (PF_F32 && (i & 15) == 0)                                                            \
-                    _mm_prefetch((const char *)w + ((o + j) * in + i) * sizeof(float) + PF_F32, _MM_HINT_T0); \
+                if ((i & 15) == 0)                                                            \
+                    _mm_prefetch((const char *)w + ((o + j) * in + i) * sizeof(float) + PF_BYTES, _MM_HINT_T0); \
                 wv[j] = load8_##DT(w, (o + j) * in + i);                                                \
             }                                                                                           \
             for (int r = 0; r < ROWS; r++) {                                                            \

@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "bf16.h"
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -205,14 +205,6 @@ DEFINE_TASK_AVX512(8, 2)
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-static inline __m256 load8_kv(const void *base, int64_t elem, int is_bf16) {
-    if (is_bf16) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + elem));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-    }
-    return _mm256_loadu_ps((const float *)base + elem);
-}
-
 /* Lane j of the result is the sum of the lanes of x[j]. */
 static inline __m256 reduce8(const __m256 *x) {
     const __m256 b0 = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
@@ -242,9 +234,9 @@ static void task_avx2(const Problem *pb, Task *t, int64_t nq, float *acc) {
                     continue;
                 }
                 const int64_t row = t->rows[c0 + k];
-                __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qv), load8_kv(pb->k_cache, row, bf));
+                __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qv), load8(pb->k_cache, row, bf));
                 for (int64_t c = 1; c < nch; c++)
-                    s = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * c), load8_kv(pb->k_cache, row + 8 * c, bf), s);
+                    s = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * c), load8(pb->k_cache, row + 8 * c, bf), s);
                 part[k] = s;
             }
             /* c0 + 8 <= len rounded up to 8 <= len16: the store stays inside this query's scores. */
@@ -257,7 +249,7 @@ static void task_avx2(const Problem *pb, Task *t, int64_t nq, float *acc) {
         if (pos + 8 < t->len) prefetch_kv_row(pb->v_cache, t->rows[pos + 8], row_bytes, bf);
         const int64_t row = t->rows[pos];
         for (int64_t c = 0; c < nch; c++) {
-            const __m256 v = load8_kv(pb->v_cache, row + 8 * c, bf);
+            const __m256 v = load8(pb->v_cache, row + 8 * c, bf);
             for (int64_t i = 0; i < nq; i++) {
                 float *ai = acc + i * hd + 8 * c;
                 const __m256 w = _mm256_set1_ps(t->p[i * t->len16 + pos]);

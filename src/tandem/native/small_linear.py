@@ -1,0 +1,84 @@
+"""Python side of ``small_linear.c``: ``y = x @ w^T (+ bias) (+ residual)`` for a few rows, with the
+argument checks the C code relies on (CPU tensors of one dtype, dense rows, the row limit)."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import torch
+
+from tandem import native
+
+_ABI = 1
+DTYPES = (torch.float32, torch.bfloat16)
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+_LINEAR_ARGS = [
+    ctypes.c_int, _ptr, _i64, _i64, _ptr, _i64, _i64,  # is_bf16, x, x_stride, rows, w, out, in
+    _ptr, _ptr, _i64, _ptr, _i64, ctypes.c_int,  # bias, residual, res_stride, y, y_stride, threads
+]  # fmt: skip
+
+
+def check_dense(t: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, what: str) -> None:
+    """Raise ``ValueError`` unless ``t`` is a contiguous CPU tensor of ``dtype`` and ``shape``."""
+    if t.device.type != "cpu" or t.dtype != dtype or tuple(t.shape) != tuple(shape):
+        raise ValueError(
+            f"native kernel: {what} is {t.dtype} {tuple(t.shape)} on {t.device}, "
+            f"expected {dtype} {tuple(shape)} on the CPU"
+        )
+    if not t.is_contiguous():
+        raise ValueError(f"native kernel: {what} must be contiguous")
+
+
+class SmallLinearKernel:
+    """``y = x @ w^T (+ bias) (+ residual)`` for 1 .. :attr:`max_rows` rows; float32 or bf16."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        if lib.tandem_small_linear_abi() != _ABI:
+            raise RuntimeError("small_linear library ABI mismatch; clear $TANDEM_CACHE_DIR/native")
+        self.max_rows = int(lib.tandem_small_linear_max_rows())
+        self.vectorized = bool(lib.tandem_small_linear_vectorized())
+        self._fn = lib.tandem_small_linear
+        self._fn.argtypes = _LINEAR_ARGS
+        self._fn.restype = ctypes.c_int
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        rows, (out, inp) = x.shape[0], weight.shape
+        dtype = weight.dtype
+        if dtype not in DTYPES or x.dtype != dtype or x.dim() != 2 or x.shape[1] != inp:
+            raise ValueError(f"small linear: x {x.dtype} {tuple(x.shape)}, weight {dtype} {(out, inp)}")
+        if not 1 <= rows <= self.max_rows:
+            raise ValueError(f"small linear: {rows} rows, at most {self.max_rows}")
+        if x.device.type != "cpu" or weight.device.type != "cpu" or not weight.is_contiguous():
+            raise ValueError("small linear: CPU tensors and a contiguous weight")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if bias is not None:
+            check_dense(bias, (out,), dtype, "bias")
+        if residual is not None and (
+            residual.shape != (rows, out) or residual.dtype != dtype or residual.stride(1) != 1
+        ):
+            raise ValueError(f"small linear: residual {tuple(residual.shape)} for {(rows, out)}")
+        y = torch.empty(rows, out, dtype=dtype)
+        rc = self._fn(
+            int(dtype == torch.bfloat16), x.data_ptr(), x.stride(0), rows, weight.data_ptr(), out, inp,
+            None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0), y.data_ptr(), y.stride(0),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("small linear: out of scratch memory")
+        return y
+
+
+def small_linear_kernel() -> SmallLinearKernel | None:
+    """The compiled few-row product, or ``None`` where native kernels are unavailable."""
+    lib = native.load("small_linear")
+    return None if lib is None else SmallLinearKernel(lib)
