@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="output: the head directory (eagle, eagle3) or the target checkpoint with an MTP layer")
     p.add_argument("--work-dir", default=None, help="data and resumable checkpoints (default: OUT.work)")
     p.add_argument("--num-prompts", type=int, default=512)
+    p.add_argument("--prompts", default="mixed", choices=["stdlib", "tasks", "mixed"],
+                   help="training prompt set: standard-library docstrings, written code tasks, or both")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--corpus-tokens", type=int, default=0,
                    help="also train on this many tokens of standard-library source (teacher-forced)")
@@ -42,6 +44,7 @@ def _train(ns: argparse.Namespace) -> int:
 
     cfg = TrainConfig(
         method=ns.method, out=ns.out, target=ns.target, work_dir=ns.work_dir, num_prompts=ns.num_prompts,
+        prompts=ns.prompts,
         max_new_tokens=ns.max_new_tokens, corpus_tokens=ns.corpus_tokens, corpus_chunk=ns.corpus_chunk,
         epochs=ns.epochs, lr=ns.lr, batch_tokens=ns.batch_tokens,
         unroll_steps=ns.unroll_steps, draft_vocab_size=ns.draft_vocab_size,

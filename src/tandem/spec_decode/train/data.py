@@ -38,11 +38,12 @@ class DataSpec:
     max_new_tokens: int
     seed: int
     aux_layer_ids: tuple[int, ...]  # vLLM convention
+    prompts: str = "stdlib"  # prompts.PROMPT_SETS
     shard_size: int = 64
 
     def key(self) -> str:
         text = json.dumps([self.target, self.num_prompts, self.max_new_tokens, self.seed, list(self.aux_layer_ids),
-                           self.shard_size])
+                           self.shard_size, self.prompts])
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

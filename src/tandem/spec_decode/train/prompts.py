@@ -84,3 +84,24 @@ def stdlib_prompts(n: int, seed: int = 0) -> list[str]:
                 prompts.append(prompt)
     random.Random(seed).shuffle(prompts)
     return prompts[:n]
+
+
+PROMPT_SETS = ("stdlib", "tasks", "mixed")
+TASK_FRACTION = 0.65  # of a mixed set: the rest are standard-library prompts
+
+
+def training_prompts(kind: str, n: int, seed: int = 0) -> list[str]:
+    """The training prompts of a set: ``stdlib`` (above), ``tasks`` (``tasks.py``: benchmark-shaped tasks
+    written for training) or ``mixed`` (both, ``TASK_FRACTION`` tasks, seeded order)."""
+    from tandem.spec_decode.train.tasks import task_prompts
+
+    if kind == "stdlib":
+        return stdlib_prompts(n, seed)
+    if kind == "tasks":
+        return task_prompts(n, seed)
+    if kind != "mixed":
+        raise ValueError(f"prompts must be one of {PROMPT_SETS}, got {kind!r}")
+    n_tasks = round(n * TASK_FRACTION)
+    out = task_prompts(n_tasks, seed) + stdlib_prompts(n - n_tasks, seed)
+    random.Random(seed).shuffle(out)
+    return out

@@ -1,6 +1,7 @@
 """``train-drafter``: self-distil an EAGLE / EAGLE-3 / MTP head for a target, on this machine's CPU.
 
-1. data (``data.py``): standard-library prompts, the target's greedy responses, its hidden states; plus,
+1. data (``data.py``): prompts (``prompts.py``: standard-library docstrings and/or the code tasks of
+   ``tasks.py``; never HumanEval), the target's greedy responses, its hidden states; plus,
    with ``corpus_tokens``, teacher-forced standard-library source (``corpus.py``) with the target's
    features and greedy predictions at every position (held-out samples are generated responses only);
 2. a head shaped like one target decoder layer, initialised from the target's last layer (fc passing the
@@ -46,7 +47,7 @@ from tandem.spec_decode.train.data import (
     select_draft_vocab,
 )
 from tandem.spec_decode.train.init_head import init_tensors
-from tandem.spec_decode.train.prompts import stdlib_prompts
+from tandem.spec_decode.train.prompts import training_prompts
 from tandem.spec_decode.train.unroll import Batch, LossWeights, acceptance, losses, unrolled_forward
 
 FEATURE_WEIGHT = {"eagle": 0.5, "eagle3": 0.0, "mtp": 0.1}
@@ -60,6 +61,7 @@ class TrainConfig:
     target: str = "smollm2-135m-instruct"
     work_dir: str | None = None  # data and checkpoints; default: <out>.work
     num_prompts: int = 512
+    prompts: str = "mixed"  # prompts.PROMPT_SETS
     max_new_tokens: int = 128
     corpus_tokens: int = 0  # teacher-forced standard-library source tokens added to the data
     corpus_chunk: int = 256
@@ -152,8 +154,8 @@ def train_drafter(cfg: TrainConfig, progress: bool = True) -> TrainResult:
 
     # 1. data
     t0 = time.time()
-    prompts = stdlib_prompts(cfg.num_prompts, cfg.seed)
-    spec = DataSpec(cfg.target, len(prompts), cfg.max_new_tokens, cfg.seed, aux_ids)
+    prompts = training_prompts(cfg.prompts, cfg.num_prompts, cfg.seed)
+    spec = DataSpec(cfg.target, len(prompts), cfg.max_new_tokens, cfg.seed, aux_ids, cfg.prompts)
     corpus_files: list[Path] = []
     if cfg.corpus_tokens > 0:
         from tandem.model.loader import load_tokenizer
