@@ -1,6 +1,6 @@
 """Where a drafter loses acceptance: the trainer's exact offline estimate (teacher-forced chains over the
-target's own greedy responses, ``train/unroll.py``) per prompt, on HumanEval and on held-out training-style
-prompts, and the response of the first prompts with every missed first draft marked ``[target|draft]``.
+target's own greedy responses, ``train/unroll.py``) per prompt, on HumanEval and on training-style prompts of
+another seed, and the response of the first prompts with every missed first draft marked ``[target|draft]``.
 
     python benchmarks/diag_head_acceptance.py --method eagle3 --prompts 16 --show 3
 
@@ -61,7 +61,7 @@ def main() -> None:
     vocab_index[draft_ids] = torch.arange(vd)
 
     llm = LLM(TARGET, max_num_seqs=16, async_scheduling=False)
-    sets = {"humaneval": humaneval(ns.prompts), "tasks (seed 9, not trained on)": task_prompts(ns.prompts, seed=9)}
+    sets = {"humaneval": humaneval(ns.prompts), "tasks (seed 9: same families, new prompts)": task_prompts(ns.prompts, seed=9)}
     for name, prompts in sets.items():
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=ns.max_tokens), use_tqdm=False)
         seqs = [list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outs]
