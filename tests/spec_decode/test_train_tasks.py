@@ -59,7 +59,8 @@ def test_no_humaneval_name_or_text_in_the_task_prompts() -> None:
 def test_mixed_set_is_mostly_tasks_and_rejects_unknown_sets() -> None:
     mixed = training_prompts("mixed", 100, seed=0)
     assert len(mixed) == len(set(mixed)) == 100 and mixed == training_prompts("mixed", 100, seed=0)
-    n_tasks = sum(p in set(task_prompts(round(100 * TASK_FRACTION), 0)) for p in mixed)
+    tasks_part = set(task_prompts(round(100 * TASK_FRACTION), 0))
+    n_tasks = sum(p in tasks_part for p in mixed)
     assert n_tasks == round(100 * TASK_FRACTION)
     assert training_prompts("stdlib", 10, 0)[0].startswith("def ")
     with pytest.raises(ValueError, match="prompts"):

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from tandem.config import DEFAULT_MODEL
+from tandem.spec_decode.train.prompts import PROMPT_SETS
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="output: the head directory (eagle, eagle3) or the target checkpoint with an MTP layer")
     p.add_argument("--work-dir", default=None, help="data and resumable checkpoints (default: OUT.work)")
     p.add_argument("--num-prompts", type=int, default=512)
-    p.add_argument("--prompts", default="mixed", choices=["stdlib", "tasks", "mixed"],
+    p.add_argument("--prompts", default="mixed", choices=PROMPT_SETS,
                    help="training prompt set: standard-library docstrings, written code tasks, or both")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--corpus-tokens", type=int, default=0,

@@ -14,6 +14,8 @@ import random
 import textwrap
 import warnings
 
+from tandem.spec_decode.train.tasks import task_prompts
+
 # Pure-Python standard-library modules with documented functions and classes (no GUI, no network I/O
 # at import time). Missing ones are skipped.
 STDLIB_MODULES = (
@@ -93,8 +95,6 @@ TASK_FRACTION = 0.65  # of a mixed set: the rest are standard-library prompts
 def training_prompts(kind: str, n: int, seed: int = 0) -> list[str]:
     """The training prompts of a set: ``stdlib`` (above), ``tasks`` (``tasks.py``: benchmark-shaped tasks
     written for training) or ``mixed`` (both, ``TASK_FRACTION`` tasks, seeded order)."""
-    from tandem.spec_decode.train.tasks import task_prompts
-
     if kind == "stdlib":
         return stdlib_prompts(n, seed)
     if kind == "tasks":

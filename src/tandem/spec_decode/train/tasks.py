@@ -23,10 +23,6 @@ def _ints(r: R, lo: int = -9, hi: int = 9, n: tuple[int, int] = (2, 7)) -> list[
     return [r.randint(lo, hi) for _ in range(r.randint(*n))]
 
 
-def _pos(r: R) -> list[int]:
-    return _ints(r, 1, 20)
-
-
 def _word(r: R) -> str:
     return r.choice("apple banana cherry dog eagle fish grape house ice jam kite lemon moon night orange "
                     "pear queen river sun tree umbrella violet water xray yellow zebra".split())
