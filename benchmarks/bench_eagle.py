@@ -4,8 +4,9 @@ Two measurements, on HumanEval prompts (held out: the drafters were trained on s
 greedy, k = 3:
 
 - ``--mode speed`` (single stream): mean acceptance length (tokens per verify step, bonus included),
-  acceptance per draft position, output tok/s and decode speed-up over no-spec in the same run (one engine
-  at a time, median of repeats);
+  acceptance per draft position, output tok/s end to end (prefill included) and in the decode phase alone
+  (first token to last, per request: the TPOT), each with its speed-up over no-spec in the same run (one
+  engine at a time, median of repeats);
 - ``--mode equality``: 32 prompts at concurrency 8, async off and on, each method against no-spec; a
   divergence counts as a near-tie only if the target's top-2 log-probabilities at the first differing
   position are within ``--tie-eps`` (checked by re-running the target on the common prefix).
@@ -42,6 +43,7 @@ def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
     params = SamplingParams(temperature=0, max_tokens=ns.max_tokens)
     arms = ["none", *ns.methods]
     times: dict[str, list[float]] = {m: [] for m in arms}
+    decode: dict[str, list[tuple[int, float]]] = {m: [] for m in arms}  # (tokens after the first, s)
     tokens: dict[str, list[list[int]]] = {}
     stats: dict[str, dict[str, Any]] = {}
     bar = tqdm(total=len(arms) * ns.repeats, desc="speed")
@@ -56,12 +58,20 @@ def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
             outs = [llm.generate(p, params, use_tqdm=False)[0] for p in prompts]
             times[m].append(time.perf_counter() - t0)
             tokens[m] = [list(o.outputs[0].token_ids) for o in outs]
+            # Decode phase of each request: first token (after the prefill) to last token.
+            ms = [o.metrics for o in outs]
+            decode[m].append((sum(x.num_generation_tokens - 1 for x in ms),
+                              sum(x.last_token_time - x.first_token_time for x in ms)))
             stats[m] = llm.spec_decode_stats()
             bar.update(1)
         llm.shutdown()
     bar.close()
     results = []
     base = median(times["none"])
+
+    def decode_tok_s(m: str) -> float:
+        return median([n / t for n, t in decode[m]])
+
     for m in arms:
         s = stats[m]
         drafts = int(s.get("num_drafts", 0) or 0)
@@ -70,6 +80,10 @@ def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
             "method": m,
             "tok_s": sum(len(t) for t in tokens[m]) / median(times[m]),
             "speedup_vs_none": base / median(times[m]),
+            # Decode only (TPOT): the prefill (the same for every arm, plus the head's pass over the
+            # prompt for the drafters) is left out.
+            "decode_tok_s": decode_tok_s(m),
+            "decode_speedup_vs_none": decode_tok_s(m) / decode_tok_s("none"),
             "mean_acceptance_length": s.get("mean_acceptance_length"),
             "acceptance_rate": s.get("acceptance_rate"),
             "accepted_per_pos": s.get("accepted_per_pos"),
@@ -78,10 +92,12 @@ def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
             "identical_to_no_spec": tokens[m] == tokens["none"],
             "runs_s": times[m],
         })
-    print(f"\n{'method':<8}{'tok/s':>8}{'speedup':>9}{'acc.len':>9}{'per position':>22}{'same':>6}")
+    print(f"\n{'method':<8}{'tok/s':>8}{'speedup':>9}{'decode tok/s':>13}{'speedup':>9}{'acc.len':>9}"
+          f"{'per position':>22}{'same':>6}")
     for r in results:
         acc = r["mean_acceptance_length"]
         print(f"{r['method']:<8}{r['tok_s']:>8.1f}{r['speedup_vs_none']:>8.2f}x"
+              f"{r['decode_tok_s']:>13.1f}{r['decode_speedup_vs_none']:>8.2f}x"
               f"{(acc if acc is not None else float('nan')):>9.2f}{str(r['acceptance_per_pos']):>22}"
               f"{str(r['identical_to_no_spec']):>6}")
     return {"results": results}

@@ -19,6 +19,7 @@ from tandem.sample import (
     RowSpec,
     Sampler,
     SamplingMetadata,
+    greedy_verify,
     make_generator,
     num_accepted,
     position_key,
@@ -395,3 +396,45 @@ def test_glue_distribution_with_seeded_generators() -> None:
     assert tv(empirical(out[:, 0], vocab), target) < tv_bound(n, vocab)
     again = RejectionSampler()(torch.stack(logits), meta, draft_ids, [2] * n).output_token_ids
     assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_fast_path_equals_one_hot_rule(seed: int) -> None:
+    """All-greedy batches skip the [B, K+1, V] distributions (``greedy_verify`` on argmax ids): the
+    outputs and logprobs equal the general rule on the one-hot of the processed argmax, with
+    penalties moving that argmax, ragged drafts and requests without drafts."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab, k = 12, 3
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.5, logprobs=1)
+    num_drafts = [3, 1, 0, 2]
+    drafts = torch.full((4, k), -1)
+    rows = []
+    for b, n in enumerate(num_drafts):
+        d = torch.randint(0, vocab, (n,), generator=gen).tolist()
+        drafts[b, :n] = torch.tensor(d, dtype=torch.int64)
+        rows += verify_rows(params, b, [b % vocab, 5], d)
+    logits = torch.randn(len(rows), vocab, generator=gen)
+    # Make some drafts the argmax so that acceptances happen.
+    r = 0
+    for b, n in enumerate(num_drafts):
+        for j in range(n):
+            if torch.rand((), generator=gen) < 0.6:
+                logits[r + j, drafts[b, j]] += 6.0
+        r += n + 1
+    meta = SamplingMetadata.build(rows, vocab, "cpu")
+    fast = RejectionSampler()(logits, meta, drafts, num_drafts)
+    # The general rule on the one-hot distributions.
+    probs = Sampler().compute_probs(logits, meta)
+    starts = [sum(n + 1 for n in num_drafts[:b]) for b in range(4)]
+    index = torch.tensor([[s + min(j, n) for j in range(k + 1)] for s, n in zip(starts, num_drafts)])
+    ref = rejection_sample(probs[index], drafts, None, None, torch.ones(4, dtype=torch.bool))
+    assert fast.output_token_ids.tolist() == ref.tolist()
+    assert num_accepted(fast.output_token_ids).sum() > 0
+    assert fast.logprobs is not None and fast.logprobs.logprob_token_ids.shape[0] == len(rows)
+    ids = Sampler().greedy_token_ids(logits, meta)[index]
+    assert greedy_verify(ids, drafts).tolist() == ref.tolist()
+
+
+def test_greedy_verify_shape_check() -> None:
+    with pytest.raises(ValueError, match="target_ids"):
+        greedy_verify(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3, dtype=torch.int64))

@@ -60,7 +60,11 @@ def test_eagle_identical_copies_are_shared_different_ones_are_own(target: Any, t
                  model=str(write_eagle(tmp_path / "own", V, embed=own_embed, lm_head=own_head))).head
     assert not _same_storage(own.embed, model.embed_tokens)
     assert not _same_storage(own.lm_head, model.lm_head)
-    assert torch.equal(own.embed, own_embed) and torch.equal(own.lm_head, own_head)
+    # The head's own LM head is its own tensor, in the drafter's weight dtype (bf16 by default on the CPU).
+    assert torch.equal(own.embed, own_embed) and torch.equal(own.lm_head, own_head.to(own.lm_head.dtype))
+    exact = _build(target, method="eagle", draft_dtype="float32",
+                   model=str(tmp_path / "own")).head
+    assert exact.lm_head.dtype == torch.float32 and torch.equal(exact.lm_head, own_head)
 
 
 def test_eagle3_own_draft_head_and_map(target: Any, tmp_path: Path) -> None:
@@ -69,7 +73,8 @@ def test_eagle3_own_draft_head_and_map(target: Any, tmp_path: Path) -> None:
     path = write_eagle3(tmp_path / "e3", V, 100, d2t=d2t, layer_ids=[1, 2, 3])
     p = _build(target, method="eagle3", model=str(path))
     own = load_file(str(path / "model.safetensors"))["lm_head.weight"]
-    assert torch.equal(p.head.lm_head, own) and not _same_storage(p.head.lm_head, model.lm_head)
+    assert torch.equal(p.head.lm_head, own.to(p.head.lm_head.dtype))
+    assert not _same_storage(p.head.lm_head, model.lm_head)
     assert p.head.embed is model.embed_tokens  # no embedding in the checkpoint
     assert torch.equal(p.head.draft_map, 2 * torch.arange(100))
     assert p.aux_hidden_layers == (0, 1, 2)  # vLLM ids 1..3 -> outputs of layers 0..2

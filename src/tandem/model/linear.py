@@ -194,6 +194,8 @@ class NativeLinear(OneDnnLinear):
     rows against oneDNN's 35 / 29 / 33 (MKL's one-row ``mv`` at 11 GB/s); bf16 12 / 20 / 29 / 46 / 78 ms
     at 1 / 4 / 8 / 16 / 32 rows against torch's 16 / 60 / 117 / 229 / 453 (oneDNN has no bf16 on AVX2).
     So: up to ``FEW_ROWS`` rows always, and bf16 up to the kernel's limit where oneDNN lacks bf16.
+    Mixed: a bf16 weight under float32 inputs (a drafter's matrices, ``speculative_config.draft_dtype``)
+    runs natively up to the kernel's row limit, on a widened copy beyond it.
     Frozen CPU weights only (the kernel has no autograd).
     """
 
@@ -204,14 +206,22 @@ class NativeLinear(OneDnnLinear):
         super().__init__(small_rows)
         self._kernel = small_linear_kernel()
 
+    @property
+    def mixed_bf16(self) -> bool:
+        """Whether bf16 weights under float32 inputs run natively (:meth:`linear` accepts them at any row
+        count: beyond the kernel's rows on a widened copy)."""
+        return self._kernel is not None
+
     def _native_rows(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         k = self._kernel
         if k is None or x.dim() != 2 or not 1 <= x.shape[0] <= k.max_rows:
             return False
-        if x.dtype != weight.dtype or x.device.type != "cpu" or weight.device.type != "cpu":
+        if not k.accepts(x.dtype, weight.dtype) or x.device.type != "cpu" or weight.device.type != "cpu":
             return False
         if weight.requires_grad or x.requires_grad or not weight.is_contiguous():
             return False
+        if x.dtype != weight.dtype:
+            return True  # a bf16 weight under float32 inputs: the kernel, whatever the row count
         if x.dtype == torch.float32:
             return x.shape[0] <= self.FEW_ROWS or not self._enabled
         # bf16: beyond a few rows only where oneDNN cannot run bf16 (it is faster where it can).
@@ -235,6 +245,8 @@ class NativeLinear(OneDnnLinear):
         if self._native_rows(x, weight) and (bias is None or bias.is_contiguous()):
             assert self._kernel is not None
             return self._kernel(x, weight, bias)
+        if weight.dtype != x.dtype:  # many rows on a bf16 weight: a widened copy (a prefill chunk)
+            return F.linear(x, weight.to(x.dtype), bias)
         if self._widen(x, weight):
             b = None if bias is None else bias.float()
             return F.linear(x.float(), weight.float(), b).to(torch.bfloat16)
@@ -246,6 +258,8 @@ class NativeLinear(OneDnnLinear):
         if self._native_rows(x, weight) and residual.dtype == x.dtype and residual.dim() == 2:
             assert self._kernel is not None
             return self._kernel(x, weight, None, residual.contiguous())
+        if weight.dtype != x.dtype:
+            return torch.addmm(residual, x, weight.to(x.dtype).t())
         if self._widen(x, weight):
             out = torch.addmm(residual.float(), x.float(), weight.float().t())
             return out.to(torch.bfloat16)

@@ -20,12 +20,13 @@
 #include "gemv.h"
 #include "paged_attention.c"
 
-#define TANDEM_DECODE_FORWARD_ABI 1
+#define TANDEM_DECODE_FORWARD_ABI 2
 #define MAX_ROWS 8 /* short steps: one decode row, or a decode row and up to 7 drafts */
 #define LAYER_PTRS 9 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache */
 
 typedef struct {
-    int is_bf16;
+    int is_bf16; /* activations, KV cache and roundings */
+    int w_bf16;  /* weights: is_bf16, or bf16 under float32 activations (a draft head, tandem_head_layer) */
     int64_t rows, hidden, heads, kv_heads, head_dim, inter;
     float eps_root, qk_eps, scale;
     int threads;
@@ -50,16 +51,16 @@ static void unit_rms_rows(const Shape *s, const float *x, float *dst) {
     }
 }
 
-/* q, k, v of every row: norm, product (+ bias), per-head norm, RoPE; q to q_out, k and v to their slots. */
-static int attention_inputs(const Shape *s, const int64_t *lp, const float *x, float *hbuf,
+/* q, k, v of every row from the layer's (normed) input hin [rows, in_width]: product (+ bias), per-head
+ * norm, RoPE; q to q_out, k and v to their slots. */
+static int attention_inputs(const Shape *s, const int64_t *lp, const float *hin, int64_t in_width,
                              float *qkv, const float *rot, const int64_t *slots, int64_t num_slots,
                              void *q_out) {
     const int bf = s->is_bf16;
     const int64_t hd = s->head_dim, nqk = s->heads + s->kv_heads, width = (nqk + s->kv_heads) * hd;
     const void *w = (const void *)lp[0], *bias = (const void *)lp[1], *qk_norm = (const void *)lp[2];
     void *k_cache = (void *)lp[7], *v_cache = (void *)lp[8];
-    unit_rms_rows(s, x, hbuf);
-    if (gemv_rows(hbuf, s->rows, s->hidden, w, width, bf, qkv, width, s->threads)) return -2;
+    if (gemv_rows(hin, s->rows, in_width, w, width, s->w_bf16, qkv, width, s->threads)) return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         float *row = qkv + r * width;
         for (int64_t j = 0; j < width; j++)
@@ -99,12 +100,12 @@ static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *at
     const int64_t h = s->hidden, a = s->heads * s->head_dim, inter = s->inter;
     const void *o_w = (const void *)lp[3], *o_bias = (const void *)lp[4];
     for (int64_t i = 0; i < s->rows * a; i++) abuf[i] = load_elem(attn, i, bf);
-    if (gemv_rows(abuf, s->rows, a, o_w, h, bf, hbuf, h, s->threads)) return -2;
+    if (gemv_rows(abuf, s->rows, a, o_w, h, s->w_bf16, hbuf, h, s->threads)) return -2;
     for (int64_t r = 0; r < s->rows; r++)
         for (int64_t i = 0; i < h; i++)
             x[r * h + i] = round_to(x[r * h + i] + hbuf[r * h + i] + (o_bias ? load_elem(o_bias, i, bf) : 0.0f), bf);
     unit_rms_rows(s, x, hbuf);
-    if (gemv_rows(hbuf, s->rows, h, (const void *)lp[5], 2 * inter, bf, gu, 2 * inter, s->threads)) return -2;
+    if (gemv_rows(hbuf, s->rows, h, (const void *)lp[5], 2 * inter, s->w_bf16, gu, 2 * inter, s->threads)) return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         const float *g = gu + r * 2 * inter, *u = g + inter;
         for (int64_t i = 0; i < inter; i++) {
@@ -113,7 +114,7 @@ static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *at
             act[r * inter + i] = round_to(silu * round_to(u[i], bf), bf);
         }
     }
-    if (gemv_rows(act, s->rows, inter, (const void *)lp[6], h, bf, hbuf, h, s->threads)) return -2;
+    if (gemv_rows(act, s->rows, inter, (const void *)lp[6], h, s->w_bf16, hbuf, h, s->threads)) return -2;
     for (int64_t i = 0; i < s->rows * h; i++) x[i] = round_to(x[i] + hbuf[i], bf);
     return 0;
 }
@@ -134,7 +135,7 @@ int tandem_decode_forward(
     const int64_t *q_start, const int64_t *q_len, int64_t num_reqs, float scale, const int64_t *aux,
     int num_threads) {
     if (rows < 1 || rows > MAX_ROWS) return -1;
-    const Shape s = {is_bf16, rows, hidden, heads, kv_heads, head_dim, inter, eps_root, qk_eps, scale, num_threads};
+    const Shape s = {is_bf16, is_bf16, rows, hidden, heads, kv_heads, head_dim, inter, eps_root, qk_eps, scale, num_threads};
     const int64_t a = heads * head_dim, width = (heads + 2 * kv_heads) * head_dim;
     const int64_t wide = hidden > a ? hidden : a;
     const size_t floats = (size_t)(rows * (hidden + 2 * wide + width + 3 * inter));
@@ -148,7 +149,8 @@ int tandem_decode_forward(
     int rc = 0;
     for (int64_t l = 0; l < num_layers && rc == 0; l++) {
         const int64_t *lp = layer_ptrs + l * LAYER_PTRS;
-        rc = attention_inputs(&s, lp, xf, hbuf, qkv, rot, slots, num_blocks * block_size, q);
+        unit_rms_rows(&s, xf, hbuf);
+        rc = attention_inputs(&s, lp, hbuf, hidden, qkv, rot, slots, num_blocks * block_size, q);
         if (rc != 0) break;
         rc = tandem_paged_attention(is_bf16, q, a, attn, a, (const void *)lp[7], (const void *)lp[8],
                                     num_blocks, block_size, block_tables, bt_stride, seq_lens, req, q_start,
@@ -159,6 +161,44 @@ int tandem_decode_forward(
             for (int64_t i = 0; i < rows * hidden; i++) store_elem((void *)aux[l], i, xf[i], is_bf16);
     }
     for (int64_t i = 0; i < rows * hidden; i++) store_elem(x, i, xf[i], is_bf16);
+    free(mem);
+    return rc == 0 ? 0 : -2;
+}
+
+/* One decoder layer whose attention input is given: a draft head's layer (EAGLE, EAGLE-3, MTP), where the
+ * input is a fusion of the token's embedding and a feature rather than the norm of the residual stream.
+ * x: [rows, hidden] the residual stream (float32 or bf16, is_bf16), updated in place; attn_in:
+ * [rows, in_width] float32 or bf16 like x, the layer's attention input (the head computed and normed it);
+ * the weights (w_bf16: bf16 under float32 activations, else the activations' dtype) as in
+ * tandem_decode_forward, the gate/up gain folded in; one layer's pointers. Returns as tandem_decode_forward. */
+int tandem_head_layer(
+    int is_bf16, int w_bf16, const int64_t *layer_ptrs, void *x, const void *attn_in, int64_t in_width,
+    int64_t rows, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter,
+    float eps_root, const float *rot, const int64_t *slots, int64_t num_blocks, int64_t block_size,
+    const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens, const int64_t *req,
+    const int64_t *q_start, const int64_t *q_len, int64_t num_reqs, float scale, int num_threads) {
+    if (rows < 1 || rows > MAX_ROWS) return -1;
+    const Shape s = {is_bf16, w_bf16, rows, hidden, heads, kv_heads, head_dim, inter, eps_root, 0.0f, scale, num_threads};
+    const int64_t a = heads * head_dim, width = (heads + 2 * kv_heads) * head_dim;
+    const int64_t wide = hidden > a ? hidden : a;
+    const size_t floats = (size_t)(rows * (hidden + 2 * wide + in_width + width + 3 * inter));
+    const size_t elem = is_bf16 ? 2 : 4;
+    char *mem = malloc(floats * sizeof(float) + 2 * (size_t)(rows * a) * elem);
+    if (!mem) return -2;
+    float *xf = (float *)mem, *hbuf = xf + rows * hidden, *abuf = hbuf + rows * wide;
+    float *hin = abuf + rows * wide, *qkv = hin + rows * in_width, *gu = qkv + rows * width;
+    float *act = gu + rows * 2 * inter;
+    void *q = act + rows * inter, *attn = (char *)q + (size_t)(rows * a) * elem;
+    for (int64_t i = 0; i < rows * hidden; i++) xf[i] = load_elem(x, i, is_bf16);
+    for (int64_t i = 0; i < rows * in_width; i++) hin[i] = load_elem(attn_in, i, is_bf16);
+    int rc = attention_inputs(&s, layer_ptrs, hin, in_width, qkv, rot, slots, num_blocks * block_size, q);
+    if (rc == 0)
+        rc = tandem_paged_attention(is_bf16, q, a, attn, a, (const void *)layer_ptrs[7], (const void *)layer_ptrs[8],
+                                    num_blocks, block_size, block_tables, bt_stride, seq_lens, req, q_start,
+                                    q_len, num_reqs, heads, kv_heads, head_dim, scale, num_threads);
+    if (rc == 0) rc = mlp_block(&s, layer_ptrs, xf, attn, abuf, hbuf, gu, act);
+    if (rc == 0)
+        for (int64_t i = 0; i < rows * hidden; i++) store_elem(x, i, xf[i], is_bf16);
     free(mem);
     return rc == 0 ? 0 : -2;
 }

@@ -18,7 +18,7 @@ from tandem import native
 from tandem.native.paged_attention import PagedAttentionIndices
 from tandem.native.small_linear import DTYPES, check_dense
 
-_ABI = 1
+_ABI = 2
 LAYER_PTRS = 9  # qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _FORWARD_ARGS = [
@@ -27,6 +27,13 @@ _FORWARD_ARGS = [
     _ptr, _ptr, _i64, _i64,  # rot, slots, num_blocks, block_size
     _ptr, _i64, _ptr, _ptr,  # block_tables, bt_stride, seq_lens, req
     _ptr, _ptr, _i64, _f32, _ptr, ctypes.c_int,  # q_start, q_len, num_reqs, scale, aux, threads
+]  # fmt: skip
+_HEAD_ARGS = [
+    ctypes.c_int, ctypes.c_int, _ptr, _ptr, _ptr, _i64,  # is_bf16, w_bf16, layer_ptrs, x, attn_in, in_width
+    _i64, _i64, _i64, _i64, _i64, _i64, _f32,  # rows, hidden, heads, kv_heads, head_dim, inter, eps_root
+    _ptr, _ptr, _i64, _i64,  # rot, slots, num_blocks, block_size
+    _ptr, _i64, _ptr, _ptr,  # block_tables, bt_stride, seq_lens, req
+    _ptr, _ptr, _i64, _f32, ctypes.c_int,  # q_start, q_len, num_reqs, scale, threads
 ]  # fmt: skip
 
 
@@ -50,9 +57,14 @@ class LayerTable:
 
     ptrs: torch.Tensor  # [num_layers, LAYER_PTRS] int64
     tensors: tuple[torch.Tensor, ...]
-    dtype: torch.dtype
+    dtype: torch.dtype  # activations and caches
     num_blocks: int
     block_size: int
+    weight_dtype: torch.dtype | None = None  # None: ``dtype``
+
+    @property
+    def weights(self) -> torch.dtype:
+        return self.weight_dtype or self.dtype
 
 
 class DecodeForwardKernel:
@@ -65,6 +77,9 @@ class DecodeForwardKernel:
         self._fn = lib.tandem_decode_forward
         self._fn.argtypes = _FORWARD_ARGS
         self._fn.restype = ctypes.c_int
+        self._head_fn = lib.tandem_head_layer
+        self._head_fn.argtypes = _HEAD_ARGS
+        self._head_fn.restype = ctypes.c_int
 
     @staticmethod
     def layer_table(
@@ -72,16 +87,21 @@ class DecodeForwardKernel:
         layers: Sequence[dict[str, torch.Tensor | None]],
         k_caches: Sequence[torch.Tensor],
         v_caches: Sequence[torch.Tensor],
+        in_width: int | None = None,
     ) -> LayerTable:
         """Check every layer's weights (``qkv``, ``qkv_bias``, ``qk_norm``, ``o_proj``, ``o_bias``,
-        ``gate_up``, ``down``; biases and norms may be ``None``) and caches; return their addresses."""
+        ``gate_up``, ``down``; biases and norms may be ``None``) and caches; return their addresses.
+        ``in_width``: the qkv product's input width (a head layer's attention input; default hidden).
+        The weights share one dtype; the caches (and ``LayerTable.dtype``) may be float32 under bf16
+        weights (a head layer)."""
         s = shape
         dtype = layers[0]["qkv"].dtype  # type: ignore[union-attr]
         if dtype not in DTYPES:
             raise ValueError(f"native decode: dtype {dtype} not in {DTYPES}")
         width, attn = (s.heads + 2 * s.kv_heads) * s.head_dim, s.heads * s.head_dim
         shapes = {
-            "qkv": (width, s.hidden), "qkv_bias": (width,), "qk_norm": (s.heads + s.kv_heads, s.head_dim),
+            "qkv": (width, in_width or s.hidden), "qkv_bias": (width,),
+            "qk_norm": (s.heads + s.kv_heads, s.head_dim),
             "o_proj": (s.hidden, attn), "o_bias": (s.hidden,), "gate_up": (2 * s.inter, s.hidden),
             "down": (s.hidden, s.inter),
         }  # fmt: skip
@@ -102,12 +122,14 @@ class DecodeForwardKernel:
                 row.append(t.data_ptr())
                 keep.append(t)
             for name, cache in (("k cache", k_caches[i]), ("v cache", v_caches[i])):
-                check_dense(cache, cache_shape, dtype, f"layer {i} {name}")
+                check_dense(cache, cache_shape, k_caches[0].dtype, f"layer {i} {name}")
                 row.append(cache.data_ptr())
                 keep.append(cache)
             rows.append(row)
         ptrs = torch.tensor(rows, dtype=torch.int64)
-        return LayerTable(ptrs, tuple(keep), dtype, cache_shape[0], cache_shape[1])
+        if k_caches[0].dtype != dtype and (k_caches[0].dtype, dtype) != (torch.float32, torch.bfloat16):
+            raise ValueError(f"native decode: {dtype} weights over a {k_caches[0].dtype} cache")
+        return LayerTable(ptrs, tuple(keep), k_caches[0].dtype, cache_shape[0], cache_shape[1], dtype)
 
     def __call__(
         self,
@@ -123,6 +145,8 @@ class DecodeForwardKernel:
         ``rotations``: ``[T, head_dim]`` float32 (cos, sin) pairs; ``slot_mapping`` ``[T]`` int64;
         ``aux[i]``: a ``[T, hidden]`` tensor to receive the stream after layer ``i``, or ``None``."""
         s, rows = shape, x.shape[0]
+        if table.weights != table.dtype:
+            raise ValueError("native decode: the stack needs weights in the activations' dtype")
         if not 1 <= rows <= self.max_rows or rows != ix.num_rows:
             raise ValueError(f"native decode: {rows} rows (at most {self.max_rows}, indices {ix.num_rows})")
         check_dense(x, (rows, s.hidden), table.dtype, "x")
@@ -148,6 +172,42 @@ class DecodeForwardKernel:
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("native decode: out of scratch memory")
+
+
+    def head_layer(
+        self,
+        shape: StackShape,
+        table: LayerTable,
+        x: torch.Tensor,
+        attn_in: torch.Tensor,
+        rotations: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        ix: PagedAttentionIndices,
+    ) -> None:
+        """One layer (``table`` of one row) over the residual stream ``x`` ``[T, hidden]`` in place, its
+        attention input given (``attn_in`` ``[T, in_width]``, already normed): a draft head's layer."""
+        s, rows = shape, x.shape[0]
+        if table.ptrs.shape[0] != 1:
+            raise ValueError(f"native head layer: a table of one layer, got {table.ptrs.shape[0]}")
+        if not 1 <= rows <= self.max_rows or rows != ix.num_rows:
+            raise ValueError(f"native head layer: {rows} rows (at most {self.max_rows}, indices {ix.num_rows})")
+        in_width = attn_in.shape[1] if attn_in.dim() == 2 else -1
+        check_dense(x, (rows, s.hidden), table.dtype, "x")
+        check_dense(attn_in, (rows, in_width), table.dtype, "attn_in")
+        if table.tensors[0].shape[1] != in_width:
+            raise ValueError(f"native head layer: attn_in width {in_width}, qkv takes {table.tensors[0].shape[1]}")
+        check_dense(rotations, (rows, s.head_dim), torch.float32, "rotations")
+        check_dense(slot_mapping, (rows,), torch.int64, "slot_mapping")
+        bt = ix.block_tables
+        rc = self._head_fn(
+            int(table.dtype == torch.bfloat16), int(table.weights == torch.bfloat16), table.ptrs.data_ptr(),
+            x.data_ptr(), attn_in.data_ptr(), in_width, rows, s.hidden, s.heads, s.kv_heads, s.head_dim,
+            s.inter, s.eps_root, rotations.data_ptr(), slot_mapping.data_ptr(), table.num_blocks,
+            table.block_size, bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(), ix.req.data_ptr(),
+            ix.q_start.data_ptr(), ix.q_len.data_ptr(), ix.num_reqs, s.scale, torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("native head layer: out of scratch memory")
 
 
 def decode_forward_kernel() -> DecodeForwardKernel | None:

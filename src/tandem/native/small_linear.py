@@ -1,5 +1,6 @@
 """Python side of ``small_linear.c``: ``y = x @ w^T (+ bias) (+ residual)`` for a few rows, with the
-argument checks the C code relies on (CPU tensors of one dtype, dense rows, the row limit)."""
+argument checks the C code relies on (CPU tensors of one dtype — or a bf16 weight under float32 inputs —,
+dense rows, the row limit)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import torch
 
 from tandem import native
 
-_ABI = 1
+_ABI = 2
 DTYPES = (torch.float32, torch.bfloat16)
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _LINEAR_ARGS = [
-    ctypes.c_int, _ptr, _i64, _i64, _ptr, _i64, _i64,  # is_bf16, x, x_stride, rows, w, out, in
+    ctypes.c_int, ctypes.c_int, _ptr, _i64, _i64,  # is_bf16, w_bf16, x, x_stride, rows
+    _ptr, _i64, _i64,  # w, out, in
     _ptr, _ptr, _i64, _ptr, _i64, ctypes.c_int,  # bias, residual, res_stride, y, y_stride, threads
 ]  # fmt: skip
 
@@ -31,7 +33,12 @@ def check_dense(t: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, what:
 
 
 class SmallLinearKernel:
-    """``y = x @ w^T (+ bias) (+ residual)`` for 1 .. :attr:`max_rows` rows; float32 or bf16."""
+    """``y = x @ w^T (+ bias) (+ residual)`` for 1 .. :attr:`max_rows` rows; float32 or bf16, or float32
+    inputs with a bf16 weight (:meth:`accepts`)."""
+
+    @staticmethod
+    def accepts(x_dtype: torch.dtype, w_dtype: torch.dtype) -> bool:
+        return x_dtype in DTYPES and (w_dtype == x_dtype or (x_dtype, w_dtype) == (torch.float32, torch.bfloat16))
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         if lib.tandem_small_linear_abi() != _ABI:
@@ -50,9 +57,9 @@ class SmallLinearKernel:
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         rows, (out, inp) = x.shape[0], weight.shape
-        dtype = weight.dtype
-        if dtype not in DTYPES or x.dtype != dtype or x.dim() != 2 or x.shape[1] != inp:
-            raise ValueError(f"small linear: x {x.dtype} {tuple(x.shape)}, weight {dtype} {(out, inp)}")
+        dtype = x.dtype
+        if not self.accepts(dtype, weight.dtype) or x.dim() != 2 or x.shape[1] != inp:
+            raise ValueError(f"small linear: x {x.dtype} {tuple(x.shape)}, weight {weight.dtype} {(out, inp)}")
         if not 1 <= rows <= self.max_rows:
             raise ValueError(f"small linear: {rows} rows, at most {self.max_rows}")
         if x.device.type != "cpu" or weight.device.type != "cpu" or not weight.is_contiguous():
@@ -67,7 +74,8 @@ class SmallLinearKernel:
             raise ValueError(f"small linear: residual {tuple(residual.shape)} for {(rows, out)}")
         y = torch.empty(rows, out, dtype=dtype)
         rc = self._fn(
-            int(dtype == torch.bfloat16), x.data_ptr(), x.stride(0), rows, weight.data_ptr(), out, inp,
+            int(dtype == torch.bfloat16), int(weight.dtype == torch.bfloat16), x.data_ptr(), x.stride(0),
+            rows, weight.data_ptr(), out, inp,
             None if bias is None else bias.data_ptr(),
             None if residual is None else residual.data_ptr(),
             0 if residual is None else residual.stride(0), y.data_ptr(), y.stride(0),

@@ -14,6 +14,7 @@ from tandem.sample.metadata import RowSpec, SamplingMetadata
 from tandem.sample.rejection import (
     RejectionOutput,
     RejectionSampler,
+    greedy_verify,
     num_accepted,
     rejection_sample,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "apply_temperature",
     "apply_top_k_top_p",
     "compute_logprobs",
+    "greedy_verify",
     "make_generator",
     "num_accepted",
     "position_key",

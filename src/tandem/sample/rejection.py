@@ -79,6 +79,23 @@ def num_accepted(output_token_ids: torch.Tensor) -> torch.Tensor:
     return (output_token_ids != PLACEHOLDER).sum(dim=1) - 1
 
 
+def greedy_verify(target_ids: torch.Tensor, draft_token_ids: torch.Tensor) -> torch.Tensor:
+    """The greedy rule on token ids alone: ``target_ids`` [B, K+1] = argmax p_i per position,
+    ``draft_token_ids`` [B, K] (-1 suffix = no draft); returns ``[B, K+1]`` like :func:`rejection_sample`
+    with one-hot ``p`` on ``target_ids`` (the distribution of a greedy row), without building ``p``."""
+    batch, k = draft_token_ids.shape
+    if tuple(target_ids.shape) != (batch, k + 1):
+        raise ValueError(f"target_ids must be [{batch}, {k + 1}], got {tuple(target_ids.shape)}")
+    valid = (draft_token_ids >= 0).to(torch.int64).cumprod(dim=1).bool()
+    accepted = (valid & (draft_token_ids == target_ids[:, :k])).to(torch.int64).cumprod(dim=1).bool()
+    n_accepted = accepted.sum(dim=1)
+    rows = torch.arange(batch, device=target_ids.device)
+    out = torch.full((batch, k + 1), PLACEHOLDER, dtype=torch.int64, device=target_ids.device)
+    out[:, :k] = torch.where(accepted, draft_token_ids, PLACEHOLDER)
+    out[rows, n_accepted] = target_ids[rows, n_accepted]  # recovered at the first mismatch, else bonus
+    return out
+
+
 def _rejection_sample(
     p: torch.Tensor,
     draft: torch.Tensor,
@@ -210,8 +227,14 @@ class RejectionSampler:
         index = to_device(starts, torch.int64, device).unsqueeze(1) + torch.minimum(
             slots, num_drafts
         )
-        target_probs = self.sampler.compute_probs(logits, meta)[index]  # [B, K+1, V]
         drafts = torch.where(slots[:width] < num_drafts, draft_token_ids.long(), PLACEHOLDER)
+        if meta.all_greedy:
+            # Every row greedy: p is the one-hot of the processed argmax, so the rule needs only the
+            # ids (no [B, K+1, V] distributions; the same decisions, checked in the tests).
+            target_ids = self.sampler.greedy_token_ids(logits, meta)[index]
+            out = greedy_verify(target_ids, drafts)
+            return RejectionOutput(out, self._logprobs(logits, meta, num_draft_tokens, out))
+        target_probs = self.sampler.compute_probs(logits, meta)[index]  # [B, K+1, V]
         greedy = [meta.is_greedy[s] for s in starts]
         generators = [
             None if g else make_generator(meta.generator_keys[s], device)
@@ -221,15 +244,23 @@ class RejectionSampler:
         out = _rejection_sample(
             target_probs, drafts, draft_probs, generators, greedy_mask, any_random=not all(greedy)
         )
-        logprobs = None
-        if meta.max_num_logprobs is not None:
-            request_of_row = [b for b, n in enumerate(num_draft_tokens) for _ in range(n + 1)]
-            slot_of_row = [j for n in num_draft_tokens for j in range(n + 1)]
-            row_ids = out[
-                to_device(request_of_row, torch.int64, device),
-                to_device(slot_of_row, torch.int64, device),
-            ]
-            logprobs = compute_logprobs(logits, row_ids, meta.max_num_logprobs)
-        return RejectionOutput(out, logprobs)
+        return RejectionOutput(out, self._logprobs(logits, meta, num_draft_tokens, out))
+
+    @staticmethod
+    def _logprobs(
+        logits: torch.Tensor,
+        meta: SamplingMetadata,
+        num_draft_tokens: Sequence[int],
+        out: torch.Tensor,
+    ) -> LogprobsTensors | None:
+        if meta.max_num_logprobs is None:
+            return None
+        device = logits.device
+        request_of_row = [b for b, n in enumerate(num_draft_tokens) for _ in range(n + 1)]
+        slot_of_row = [j for n in num_draft_tokens for j in range(n + 1)]
+        row_ids = out[
+            to_device(request_of_row, torch.int64, device), to_device(slot_of_row, torch.int64, device)
+        ]
+        return compute_logprobs(logits, row_ids, meta.max_num_logprobs)
 
     __call__ = forward

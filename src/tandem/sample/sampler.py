@@ -103,6 +103,12 @@ class Sampler:
             return probs
         return torch.where(meta.greedy_mask.unsqueeze(1), _one_hot_argmax(processed), probs)
 
+    def greedy_token_ids(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """[N] the argmax of every row's processed logits: the token :meth:`forward` returns for a
+        greedy row (the one-hot :meth:`compute_probs` gives it)."""
+        _check(logits, meta)
+        return self.processed_logits(logits.float(), meta).argmax(dim=-1)
+
     @staticmethod
     def processed_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Steps that can move the argmax: whitelist, bias, min_tokens ban, penalties."""

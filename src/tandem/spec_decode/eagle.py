@@ -32,6 +32,7 @@ from tandem.model.loader import Checkpoint
 from tandem.model.transformer import CausalLM
 from tandem.spec_decode.eagle_checkpoint import HeadConfig, check_against_target, load_eagle_head
 from tandem.spec_decode.head import Attend, DraftHead
+from tandem.spec_decode.native_head import NativeHeadLayer
 from tandem.spec_decode.proposer import ProposeInput, Proposer
 
 
@@ -79,6 +80,31 @@ def shared_head_tensors(
     return embed, lm_head, draft_map
 
 
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def head_weight_dtype(config: SpeculativeConfig, target: CausalLM) -> torch.dtype:
+    """The dtype of a draft head's matrices (``speculative_config.draft_dtype``).
+
+    ``None`` / ``"auto"``: bf16 under a float32 target where the native CPU kernels take the mixed
+    product — a draft pass is a few one-row products, bound by the bytes they stream, and drafts only
+    propose (the target verifies every token exactly), so half the bytes cost at most a little
+    acceptance — else the target's dtype. An explicit dtype must be the target's, or bf16 under a
+    float32 target with those kernels."""
+    want = config.draft_dtype
+    mixed = target.dtype == torch.float32 and getattr(target.linear, "mixed_bf16", False)
+    if want in (None, "auto"):
+        return torch.bfloat16 if mixed else target.dtype
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[want]
+    if dtype == target.dtype or (dtype == torch.bfloat16 and mixed):
+        return dtype
+    raise ValueError(
+        f"speculative_config.draft_dtype {want!r} for method {config.method!r}: a draft head's weights take "
+        f"the target's dtype ({target.dtype}) or bfloat16 under a float32 target on the native CPU kernels"
+    )
+
+
 class DraftHeadProposer(Proposer):
     """Shared implementation; subclasses differ only in how they find and load their head."""
 
@@ -102,6 +128,7 @@ class DraftHeadProposer(Proposer):
         self.trash_slot = (kv_cache.num_blocks - 1) * self.block_size
         self.backend = backend
         self.aux_hidden_layers = aux_hidden_layers  # tandem indices: output of layer j
+        self.native = NativeHeadLayer.create(head, kv_cache)  # the layer in one call (short CPU steps)
 
     @classmethod
     def from_head(
@@ -120,9 +147,12 @@ class DraftHeadProposer(Proposer):
         embed, lm_head, draft_map = shared_head_tensors(
             cfg, tensors, target, share_always=cfg.method == "mtp", target_vocab=full
         )
+        wdtype = head_weight_dtype(config, target)
+        if wdtype != target.dtype and not _shares_storage(lm_head, target.lm_head):
+            lm_head = lm_head.to(wdtype)  # the head's own (or gathered) rows; a shared view stays shared
         head = DraftHead(
             cfg, tensors, embed=embed, lm_head=lm_head, draft_map=draft_map, dtype=target.dtype,
-            device=target.device, linear=target.linear,
+            device=target.device, linear=target.linear, weight_dtype=wdtype,
         )
         kv = KVCache.allocate(
             1, num_kv_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim, target.dtype, target.device
@@ -138,6 +168,13 @@ class DraftHeadProposer(Proposer):
             return self.backend.forward(q, k, v, k_cache, v_cache, metadata, scale)
 
         return attend
+
+    def _head(self, ids: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, metadata: Any) -> torch.Tensor:
+        """The head's output for these rows: the native layer where it applies, else the torch one."""
+        if self.native is not None and self.native.applies(metadata, ids.shape[0]):
+            residual, attn_in = self.head.layer_input(ids, feat)
+            return self.native(residual, attn_in, positions, metadata)
+        return self.head(ids, feat, positions, self._attend(metadata))
 
     def _segments(self, inp: ProposeInput) -> tuple[list[int], list[int]]:
         """Device-state slot of every request (segment) of the target batch, and the segment of each
@@ -166,7 +203,7 @@ class DraftHeadProposer(Proposer):
         # 1. Every row: (token at position + 1, target feature at position).
         ids = dev.tokens[row_slot, (batch.positions + 1).clamp(max=dev.trash)]
         feat = self.head.target_feature(inp.hidden_states, self.aux_hidden_layers)
-        hidden = self.head(ids, feat, batch.positions, self._attend(batch.attn_metadata))
+        hidden = self._head(ids, feat, batch.positions, batch.attn_metadata)
         if n_req == 0:
             return torch.full((0, k), -1, dtype=torch.int64, device=device)
         # 2. Chain from the last accepted row of each sampling request.
@@ -184,7 +221,7 @@ class DraftHeadProposer(Proposer):
                 pos = pos + 1
                 cb = self._chain_batch(tok, pos, tables, [u + j for u in upper], j < inp.max_drafts)
                 metadata = self.backend.build_metadata(cb, self.block_size)
-                h = self.head(tok, h, pos, self._attend(metadata))
+                h = self._head(tok, h, pos, metadata)
                 tok = self.head.draft_tokens(h)
                 drafts.append(tok)
         out = torch.stack(drafts, dim=1)

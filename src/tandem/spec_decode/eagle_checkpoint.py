@@ -11,7 +11,7 @@ short names in the Hugging Face row layout — and written back from it (``head_
 | ``hidden_norm.weight`` | – | ``midlayer.hidden_norm.weight`` | – |
 | ``norm.weight`` | optional | ``norm.weight`` | ``model.layers.{L}.shared_head.norm.weight`` |
 | ``embed_tokens.weight`` / ``lm_head.weight`` | optional | optional / [Vd, H] | ignored: MTP uses the target's |
-| ``d2t`` / ``t2d`` | – | optional draft→target offsets / target mask | – |
+| ``d2t`` / ``t2d`` | optional (a draft vocabulary over the LM head's rows) | optional draft→target offsets / target mask | – |
 
 A leading ``model.`` is accepted on EAGLE files, and ``layers.0.`` / ``midlayer.`` are equivalent. ``L`` is the
 target's ``num_hidden_layers`` (the MTP layer is one index past the last decoder layer); the target's
@@ -164,6 +164,8 @@ def expected_shapes(cfg: HeadConfig) -> tuple[dict[str, tuple[int, ...]], dict[s
             "norm.weight": (h,),
             "embed_tokens.weight": (cfg.vocab_size, h),
             "lm_head.weight": (cfg.vocab_size, h),
+            "d2t": (vd,),
+            "t2d": (cfg.vocab_size,),
         }
     elif cfg.method == "eagle3":
         req |= {"input_layernorm.weight": (h,), "hidden_norm.weight": (h,), "norm.weight": (h,)}

@@ -47,29 +47,40 @@ class DraftHead(nn.Module):
         device: torch.device | str = "cpu",
         trainable: bool = False,
         linear: LinearKernels | None = None,
+        weight_dtype: torch.dtype | None = None,
     ) -> None:
         """``tensors``: canonical names, HF layout (see eagle_checkpoint). ``embed`` [V, H] and
         ``lm_head`` [Vd, H] are used as given (pass the target's tensors, or views of them, to share).
-        ``draft_map`` [Vd]: target id of each draft id (None = identity)."""
+        ``draft_map`` [Vd]: target id of each draft id (None = identity). ``weight_dtype``: the dtype of
+        the head's own matrices (fc, attention, MLP; default ``dtype``) — bf16 under a float32 target
+        halves the bytes a draft pass streams; activations, norms and the KV stay in ``dtype``, and
+        ``linear`` must accept the mixed product (:attr:`NativeLinear.mixed_bf16`)."""
         super().__init__()
         self.cfg = cfg
         self.linear = linear or TorchLinear()
         h, hd = cfg.hidden_size, cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
         self.scale = hd**-0.5
+        self._dtype = dtype
+        wdtype = weight_dtype or dtype
+        if wdtype != dtype and not getattr(self.linear, "mixed_bf16", False):
+            raise ValueError(
+                f"draft head weights in {wdtype} under {dtype} activations need the native CPU kernels "
+                f"(linear kernels {self.linear.name!r} cannot mix dtypes)"
+            )
 
-        def p(t: torch.Tensor) -> nn.Parameter:
-            return nn.Parameter(t.to(device=device, dtype=dtype).contiguous().clone(), requires_grad=trainable)
+        def p(t: torch.Tensor, as_dtype: torch.dtype = dtype) -> nn.Parameter:
+            return nn.Parameter(t.to(device=device, dtype=as_dtype).contiguous().clone(), requires_grad=trainable)
 
         get = tensors.__getitem__
         q = interleave_heads(get("self_attn.q_proj.weight").float(), self.heads, hd)
         k = interleave_heads(get("self_attn.k_proj.weight").float(), self.kv_heads, hd)
-        self.fc = p(get("fc.weight"))
-        self.qkv = p(torch.cat([q, k, get("self_attn.v_proj.weight").float()]))
-        self.o_proj = p(get("self_attn.o_proj.weight"))
+        self.fc = p(get("fc.weight"), wdtype)
+        self.qkv = p(torch.cat([q, k, get("self_attn.v_proj.weight").float()]), wdtype)
+        self.o_proj = p(get("self_attn.o_proj.weight"), wdtype)
         self.post_norm = p(get("post_attention_layernorm.weight"))
-        self.gate_up = p(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]))
-        self.down = p(get("mlp.down_proj.weight"))
+        self.gate_up = p(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]), wdtype)
+        self.down = p(get("mlp.down_proj.weight"), wdtype)
         self.intermediate = cfg.intermediate_size
         self.norm = p(get("norm.weight")) if "norm.weight" in tensors else None
         self.optional = nn.ParameterDict(
@@ -95,7 +106,12 @@ class DraftHead(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.dtype
+        """The activations' dtype (the target's); the matrices may be :attr:`weight_dtype`."""
+        return self._dtype
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return self.qkv.dtype
 
     # -- pieces ------------------------------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -122,6 +138,12 @@ class DraftHead(nn.Module):
         attend: Attend,
     ) -> torch.Tensor:
         """The head's output hidden state ``[N, H]`` (before any final norm) for each row."""
+        residual, attn_in = self.layer_input(ids, feat)
+        return self.layer(residual, attn_in, positions, attend)
+
+    def layer_input(self, ids: torch.Tensor, feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder layer's residual stream ``[N, H]`` and its (normed) attention input ``[N, H or
+        2H]``: the method's fusion of the tokens' embeddings and the features (table above)."""
         method, mm = self.cfg.method, self.linear
         emb = F.embedding(ids, self.embed)
         if method == "eagle":
@@ -138,6 +160,13 @@ class DraftHead(nn.Module):
                 [self._rms(emb, self._opt("input_layernorm.weight")), self._rms(feat, self._opt("hidden_norm.weight"))],  # type: ignore[arg-type]
                 dim=-1,
             )
+        return residual, attn_in
+
+    def layer(
+        self, residual: torch.Tensor, attn_in: torch.Tensor, positions: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
+        """The decoder layer (torch ops: the reference of ``native_head.NativeHeadLayer``)."""
+        mm = self.linear
         n, heads, kvh, hd = attn_in.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = mm.linear(attn_in, self.qkv)
         qk = apply_rope(qkv[:, : (heads + kvh) * hd].reshape(n, heads + kvh, hd), self.rope_table[positions].unsqueeze(1))

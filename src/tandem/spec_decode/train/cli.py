@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--batch-tokens", type=int, default=4096)
     p.add_argument("--unroll-steps", type=int, default=3, help="chained steps trained (training-time test)")
     p.add_argument("--draft-vocab-size", type=int, default=8192)
+    p.add_argument("--draft-vocab", choices=["frequency", "leading"], default=None,
+                   help="draft ids: the target's most frequent predictions on the data (a d2t map) or the "
+                        "first ids; default frequency for eagle / eagle3, leading for mtp")
     p.add_argument("--eagle3-layer-ids", type=int, nargs="+", default=None)
     p.add_argument("--feature-weight", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -48,7 +51,7 @@ def _train(ns: argparse.Namespace) -> int:
         prompts=ns.prompts,
         max_new_tokens=ns.max_new_tokens, corpus_tokens=ns.corpus_tokens, corpus_chunk=ns.corpus_chunk,
         epochs=ns.epochs, lr=ns.lr, batch_tokens=ns.batch_tokens,
-        unroll_steps=ns.unroll_steps, draft_vocab_size=ns.draft_vocab_size,
+        unroll_steps=ns.unroll_steps, draft_vocab_size=ns.draft_vocab_size, draft_vocab=ns.draft_vocab,
         eagle3_layer_ids=tuple(ns.eagle3_layer_ids) if ns.eagle3_layer_ids else None,
         feature_weight=ns.feature_weight, seed=ns.seed, threads=ns.threads, ship_dir=ns.ship,
     )

@@ -1,0 +1,85 @@
+"""A draft head's decoder layer in one native call (``tandem_head_layer`` in ``native/decode_forward.c``).
+
+A draft pass is a handful of one-row products and ~25 small torch kernels; on a CPU the kernels'
+dispatch costs about as much as the products. :class:`NativeHeadLayer` runs the layer — q/k/v, RoPE,
+the head's KV write, paged attention, the output projection, the post-attention norm and the MLP — as
+one call, the way the target's short steps run (``model/native_decode.py``). The input fusion (the
+method-specific part: embedding, norms, ``fc``) and the draft LM head stay in :class:`DraftHead`, whose
+torch layer (:meth:`DraftHead.layer`) is the reference the tests compare with.
+
+Applies to short steps on the CPU paged attention backend (at most the kernel's row limit: decodes,
+verify rows, the chained draft rows); prefill chunks take the torch layer. The weights it reads are the
+head's own (bf16 or float32, see ``speculative_config.draft_dtype``), with the post-attention norm's
+gain (times sqrt(hidden)) folded into a copy of gate/up, as the target's layers fold theirs.
+``TANDEM_NATIVE_DECODE=0`` (or ``TANDEM_NATIVE=0``) turns it off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tandem.model.attention.paged_cpu import PagedCpuMetadata
+from tandem.model.forward_batch import KVCache
+from tandem.model.native_decode import native_decode_enabled
+from tandem.native.decode_forward import DTYPES, DecodeForwardKernel, StackShape, decode_forward_kernel
+from tandem.spec_decode.head import DraftHead
+
+
+class NativeHeadLayer:
+    def __init__(self, head: DraftHead, kv_cache: KVCache, kernel: DecodeForwardKernel) -> None:
+        cfg, hidden = head.cfg, head.cfg.hidden_size
+        self.head, self.kernel = head, kernel
+        self.shape = StackShape(
+            hidden=hidden,
+            heads=head.heads,
+            kv_heads=head.kv_heads,
+            head_dim=head.head_dim,
+            inter=head.intermediate,
+            eps_root=float(torch.tensor((hidden * cfg.rms_norm_eps) ** 0.5, dtype=head.dtype)),
+            qk_eps=0.0,
+            scale=float(head.scale),
+        )
+        with torch.no_grad():
+            gain = head.post_norm.float() * hidden**0.5
+            self.gate_up = (head.gate_up.float() * gain).to(head.weight_dtype).contiguous()
+        layer = {
+            "qkv": head.qkv.detach(), "qkv_bias": None, "qk_norm": None, "o_proj": head.o_proj.detach(),
+            "o_bias": None, "gate_up": self.gate_up, "down": head.down.detach(),
+        }  # fmt: skip
+        self.table = kernel.layer_table(
+            self.shape, [layer], kv_cache.k, kv_cache.v, in_width=head.qkv.shape[1]
+        )
+
+    @classmethod
+    def create(cls, head: DraftHead, kv_cache: KVCache) -> NativeHeadLayer | None:
+        """The native layer for ``head``, or ``None`` where it cannot apply (not the CPU, another dtype,
+        switched off, no compiler, a head with biases or per-head norms this kernel does not take)."""
+        if not native_decode_enabled() or head.device.type != "cpu" or head.dtype not in DTYPES:
+            return None
+        if head.weight_dtype not in DTYPES or kv_cache.k[0].dtype != head.dtype:
+            return None
+        kernel = decode_forward_kernel()
+        return None if kernel is None else cls(head, kv_cache, kernel)
+
+    def applies(self, metadata: Any, rows: int) -> bool:
+        return (
+            isinstance(metadata, PagedCpuMetadata)
+            and not metadata.long_queries
+            and metadata.short is not None
+            and 1 <= rows <= self.kernel.max_rows
+        )
+
+    def __call__(
+        self, residual: torch.Tensor, attn_in: torch.Tensor, positions: torch.Tensor, metadata: PagedCpuMetadata
+    ) -> torch.Tensor:
+        """The layer's output ``[N, H]`` (a new tensor; ``residual`` is not modified)."""
+        assert metadata.short is not None
+        x = residual.clone(memory_format=torch.contiguous_format)
+        rows, hd = x.shape[0], self.head.head_dim
+        rot = torch.view_as_real(self.head.rope_table[positions]).reshape(rows, hd).contiguous()
+        self.kernel.head_layer(
+            self.shape, self.table, x, attn_in.contiguous(), rot, metadata.slot_mapping, metadata.short
+        )
+        return x

@@ -1,0 +1,123 @@
+"""The draft head's layer in one native call (``spec_decode/native_head.py``) against the torch layer
+(``DraftHead.layer``) on the same inputs and the same KV cache: outputs and the K/V it writes, for every
+method, float32 and bf16 head weights (under float32 activations), decode and verify rows of several
+requests; and where it does not apply (prefill chunks) the proposer takes the torch layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tandem.config import SpeculativeConfig
+from tandem.model.loader import load_checkpoint
+from tandem.model.paged_batch import PagedRequest, build_forward_batch
+from tandem.model.transformer import CausalLM
+from tandem.native.decode_forward import decode_forward_kernel
+from tandem.spec_decode.eagle import DraftHeadProposer
+from tandem.spec_decode.factory import build_proposer
+from tests.spec_decode.tiny_heads import H, add_mtp, tiny_target, write_eagle, write_eagle3
+
+V = 261
+BS = 16
+pytestmark = pytest.mark.skipif(decode_forward_kernel() is None, reason="native kernels unavailable")
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("nh")
+    plain, mtp = tiny_target(tmp / "t"), add_mtp(tiny_target(tmp / "m"))
+    return {
+        "eagle": ({"method": "eagle", "model": str(write_eagle(tmp / "e", V))}, plain),
+        "eagle3": ({"method": "eagle3", "model": str(write_eagle3(tmp / "e3", V, 100, d2t=torch.arange(100)))}, plain),
+        "mtp": ({"method": "mtp"}, mtp),
+    }
+
+
+def _proposer(targets: dict[str, Any], method: str, draft_dtype: str) -> DraftHeadProposer:
+    spec, directory = targets[method]
+    ckpt = load_checkpoint(directory)
+    model = CausalLM.from_tensors(ckpt.args, ckpt.tensors)
+    config = SpeculativeConfig(num_speculative_tokens=3, draft_dtype=draft_dtype, **spec)
+    p = build_proposer(config, target=model, target_checkpoint=ckpt, num_kv_blocks=8, block_size=BS)
+    assert isinstance(p, DraftHeadProposer)
+    return p
+
+
+@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
+def test_native_layer_equals_torch_layer(targets: dict[str, Any], method: str, draft_dtype: str) -> None:
+    p = _proposer(targets, method, draft_dtype)
+    assert p.native is not None and p.head.weight_dtype == getattr(torch, draft_dtype)
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache = p.kv_cache.k[0], p.kv_cache.v[0]
+    k_cache.copy_(torch.randn(k_cache.shape, generator=gen))
+    v_cache.copy_(torch.randn(v_cache.shape, generator=gen))
+    # A verify of 3 drafts after 20 cached tokens, a decode after 5, a decode after 33 (3 blocks).
+    batch = build_forward_batch(
+        [PagedRequest([7, 8, 9, 10], 20, [0, 1]), PagedRequest([11], 5, [2]), PagedRequest([12], 33, [3, 4, 5])], BS
+    )
+    meta = p.backend.build_metadata(batch, BS)
+    assert p.native.applies(meta, batch.num_tokens)
+    feat = torch.randn(batch.num_tokens, H, generator=gen)
+    residual, attn_in = p.head.layer_input(batch.input_ids, feat)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    ref = p.head.layer(residual, attn_in, batch.positions, p._attend(meta))
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    k_cache.copy_(k0)
+    v_cache.copy_(v0)
+    res_before = residual.clone()
+    out = p.native(residual, attn_in, batch.positions, meta)
+    assert torch.equal(residual, res_before)  # the residual is not modified in place
+    # bf16 weights: the native layer folds the post-attention gain into a bf16 copy of gate/up (one more
+    # rounding of those weights than the torch layer, which scales the activations), so the outputs agree to
+    # bf16's precision; the K/V come from the same q/k/v weights in both and agree to float32's.
+    tol = 1e-5 if draft_dtype == "float32" else 3e-2
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(k_cache, k_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(v_cache, v_ref, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(k_cache, k0)  # the step's K rows were written
+
+
+def test_bf16_weights_are_a_rounding_of_the_float32_head(targets: dict[str, Any]) -> None:
+    """``draft_dtype`` bfloat16 keeps the head's matrices in bf16 (the values of the float32 head, rounded),
+    the activations, norms and KV in float32."""
+    f32, bf = _proposer(targets, "eagle3", "float32"), _proposer(targets, "eagle3", "bfloat16")
+    assert bf.head.dtype == torch.float32 and bf.kv_cache.k[0].dtype == torch.float32
+    for name in ("fc", "qkv", "o_proj", "gate_up", "down"):
+        w32, w16 = getattr(f32.head, name), getattr(bf.head, name)
+        assert w16.dtype == torch.bfloat16 and torch.equal(w16, w32.to(torch.bfloat16)), name
+    assert bf.head.post_norm.dtype == torch.float32
+    assert bf.head.lm_head.dtype == torch.bfloat16  # the head's own draft LM head
+
+
+def test_prefill_rows_take_the_torch_layer(targets: dict[str, Any]) -> None:
+    p = _proposer(targets, "eagle", "bfloat16")
+    assert p.native is not None
+    batch = build_forward_batch([PagedRequest(list(range(1, 31)), 0, [0, 1])], BS)  # a 30-token chunk
+    meta = p.backend.build_metadata(batch, BS)
+    assert not p.native.applies(meta, batch.num_tokens)
+    feat = torch.randn(batch.num_tokens, H)
+    out = p._head(batch.input_ids, feat, batch.positions, meta)
+    assert out.shape == (30, H) and torch.isfinite(out).all()
+
+
+def test_head_layer_checks_its_inputs(targets: dict[str, Any]) -> None:
+    p = _proposer(targets, "eagle3", "float32")
+    assert p.native is not None
+    batch = build_forward_batch([PagedRequest([3], 4, [0])], BS)
+    meta = p.backend.build_metadata(batch, BS)
+    residual, attn_in = p.head.layer_input(batch.input_ids, torch.randn(1, H))
+    with pytest.raises(ValueError, match="attn_in"):
+        p.native(residual, attn_in[:, :H], batch.positions, meta)  # eagle3's input is 2H wide
+
+
+def test_draft_dtype_validation(targets: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="draft_dtype 'float16'"):
+        _proposer(targets, "eagle", "float16")
+    auto = _proposer(targets, "mtp", "auto")
+    assert auto.head.weight_dtype == torch.bfloat16  # the CPU default under a float32 target
+    # MTP shares the target's LM head: it stays the target's tensor (float32), whatever the weights.
+    assert auto.head.lm_head.dtype == torch.float32
