@@ -34,8 +34,13 @@ from tandem import LLM, SamplingParams  # noqa: E402
 METHODS = ("eagle", "eagle3", "mtp")
 
 
-def spec(method: str, k: int) -> dict[str, Any] | None:
-    return None if method == "none" else {"method": method, "num_speculative_tokens": k}
+def spec(method: str, k: int, draft_dtype: str | None = None) -> dict[str, Any] | None:
+    if method == "none":
+        return None
+    out: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+    if draft_dtype is not None:
+        out["draft_dtype"] = draft_dtype
+    return out
 
 
 def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
@@ -49,7 +54,7 @@ def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
     bar = tqdm(total=len(arms) * ns.repeats, desc="speed")
     # One engine at a time (memory on a shared machine), a small KV cache: single stream.
     for m in arms:
-        llm = LLM(max_num_seqs=1, async_scheduling=ns.async_on, speculative_config=spec(m, ns.k),
+        llm = LLM(max_num_seqs=1, async_scheduling=ns.async_on, speculative_config=spec(m, ns.k, ns.draft_dtype),
                   max_model_len=2048, num_kv_blocks=160)
         llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
         for _ in range(ns.repeats):
@@ -122,7 +127,7 @@ def run_equality(ns: argparse.Namespace) -> dict[str, Any]:
     probe = None
     prompt_ids: list[list[int]] = []
     for m, a in tqdm(arms, desc="equality"):
-        llm = LLM(max_num_seqs=8, async_scheduling=a, speculative_config=spec(m, ns.k),
+        llm = LLM(max_num_seqs=8, async_scheduling=a, speculative_config=spec(m, ns.k, ns.draft_dtype),
                   max_model_len=2048, num_kv_blocks=512)
         outs = llm.generate(prompts, params, use_tqdm=False)
         got = [list(o.outputs[0].token_ids) for o in outs]
@@ -166,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--async-on", action="store_true", help="speed mode: async scheduling on")
     p.add_argument("--tie-eps", type=float, default=1e-3)
+    p.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"],
+                   help="speculative_config.draft_dtype of the heads (default: auto)")
     p.add_argument("--json", default=None)
     ns = p.parse_args(argv)
     if ns.prompts is None:

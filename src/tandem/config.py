@@ -103,6 +103,8 @@ class SpeculativeConfig:
     model: str | None = None  # draft checkpoint; None: the shipped one for the default model
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    # draft_model: the draft model's dtype (auto: the target's). eagle / eagle3 / mtp: the head's own
+    # matrices (auto: bf16 under a float32 target on the native CPU kernels, else the target's dtype).
     draft_dtype: str | None = None
     eagle3_layer_ids: tuple[int, ...] | None = None
 

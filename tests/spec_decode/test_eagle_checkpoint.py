@@ -94,6 +94,27 @@ def test_mtp_always_uses_the_targets_tensors(tmp_path: Path) -> None:
     assert _same_storage(head.lm_head, model.lm_head)
 
 
+def test_mtp_draft_vocabulary_map_gathers_the_targets_rows(tmp_path: Path) -> None:
+    """``model.layers.{L}.d2t`` (tandem's addition to the DeepSeek-V3 names): the draft LM head is the
+    target's rows of the mapped ids (a scattered subset cannot be a view), the embedding still the target's
+    very tensor; the copies the checkpoint holds stay ignored."""
+    directory = add_mtp(tiny_target(tmp_path), copies=True)
+    ids = torch.arange(0, 2 * 60, 2)  # 60 draft ids
+    tensors = load_file(str(directory / "model.safetensors"))
+    tensors["model.layers.4.d2t"] = ids - torch.arange(60)
+    save_file(tensors, str(directory / "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text()) | {"mtp_draft_vocab_size": 60}
+    (directory / "config.json").write_text(json.dumps(config))
+    ckpt = load_checkpoint(directory)
+    model = CausalLM.from_tensors(ckpt.args, ckpt.tensors)
+    for dtype in ("float32", "auto"):
+        head = _build((directory, ckpt, model), method="mtp", draft_dtype=dtype).head
+        assert head.embed is model.embed_tokens
+        assert torch.equal(head.draft_map, ids)
+        rows = model.lm_head[ids].to(head.lm_head.dtype)
+        assert torch.equal(head.lm_head, rows) and not _same_storage(head.lm_head, model.lm_head)
+
+
 def test_writer_round_trip_in_the_public_layout(target: Any, tmp_path: Path) -> None:
     src = write_eagle3(tmp_path / "src", V, 100, d2t=torch.arange(100), layer_ids=[1, 2, 3])
     cfg, tensors = load_eagle_head(src, "eagle3", 4)

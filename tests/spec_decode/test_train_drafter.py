@@ -62,14 +62,31 @@ def test_trained_head_drafts_exactly(target: Path, expected: list[list[int]], tm
         index = json.loads((result.out / "model.safetensors.index.json").read_text())["weight_map"]
         assert index["model.layers.4.eh_proj.weight"] == "mtp.safetensors"
         assert index["model.embed_tokens.weight"] == "model.safetensors"
+        # The frequency draft vocabulary's map, under the MTP layer's prefix (tandem's addition).
+        assert index["model.layers.4.d2t"] == "mtp.safetensors"
     else:
         spec["model"] = str(result.out)
         names = set(load_file(str(result.out / "model.safetensors")))
         assert "fc.weight" in names and "embed_tokens.weight" not in names  # shares the target's
+        assert "d2t" in names and "t2d" in names  # the default frequency draft vocabulary
+        assert ("lm_head.weight" in names) == (method == "eagle3")  # eagle drafts over the target's rows
     llm = LLM(model, max_num_seqs=4, async_scheduling=True, speculative_config=spec)
+    proposer = llm.engine.core.executor.runner.proposer
+    draft_map = proposer.head.draft_map
+    assert draft_map is not None and draft_map.shape == (200,)
+    assert draft_map.unique().numel() == 200  # distinct target ids
     got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
     llm.shutdown()
     assert got == expected
+
+
+def test_leading_draft_vocab_has_no_map(target: Path, tmp_path: Path) -> None:
+    result = train_drafter(_cfg(target, "eagle", tmp_path / "out", tmp_path / "work", draft_vocab="leading",
+                                max_steps=1), progress=False)
+    names = set(load_file(str(result.out / "model.safetensors")))
+    assert "d2t" not in names and "lm_head.weight" not in names
+    with pytest.raises(ValueError, match="draft-vocab"):
+        _cfg(target, "eagle", tmp_path / "o2", tmp_path / "w2", draft_vocab="rare")
 
 
 def test_resume_equals_uninterrupted_run(target: Path, tmp_path: Path) -> None:

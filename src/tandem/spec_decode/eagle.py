@@ -19,6 +19,7 @@ Steps in which no request samples (prefill chunks only) still run step 1 so the 
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_right
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,6 +35,8 @@ from tandem.spec_decode.eagle_checkpoint import HeadConfig, check_against_target
 from tandem.spec_decode.head import Attend, DraftHead
 from tandem.spec_decode.native_head import NativeHeadLayer
 from tandem.spec_decode.proposer import ProposeInput, Proposer
+
+log = logging.getLogger(__name__)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -158,7 +161,13 @@ class DraftHeadProposer(Proposer):
             1, num_kv_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim, target.dtype, target.device
         )
         aux = tuple(i - 1 for i in cfg.aux_layer_ids) if cfg.method == "eagle3" else ()
-        return cls(config.num_speculative_tokens, head, kv, target.attn_backend, aux)
+        proposer = cls(config.num_speculative_tokens, head, kv, target.attn_backend, aux)
+        log.info(
+            "%s head: weights %s (draft_dtype %s), draft vocabulary %d%s, native layer %s", cfg.method,
+            str(wdtype).removeprefix("torch."), config.draft_dtype or "auto", cfg.draft_vocab_size,
+            " (mapped)" if draft_map is not None else "", proposer.native is not None,
+        )
+        return proposer
 
     # -- drafting ----------------------------------------------------------------------------------------
     def _attend(self, metadata: Any) -> Attend:

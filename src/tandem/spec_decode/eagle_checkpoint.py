@@ -11,7 +11,7 @@ short names in the Hugging Face row layout — and written back from it (``head_
 | ``hidden_norm.weight`` | – | ``midlayer.hidden_norm.weight`` | – |
 | ``norm.weight`` | optional | ``norm.weight`` | ``model.layers.{L}.shared_head.norm.weight`` |
 | ``embed_tokens.weight`` / ``lm_head.weight`` | optional | optional / [Vd, H] | ignored: MTP uses the target's |
-| ``d2t`` / ``t2d`` | optional (a draft vocabulary over the LM head's rows) | optional draft→target offsets / target mask | – |
+| ``d2t`` / ``t2d`` | optional (a draft vocabulary over the LM head's rows) | optional draft→target offsets / target mask | optional ``model.layers.{L}.d2t`` / ``t2d`` (tandem's addition) |
 
 A leading ``model.`` is accepted on EAGLE files, and ``layers.0.`` / ``midlayer.`` are equivalent. ``L`` is the
 target's ``num_hidden_layers`` (the MTP layer is one index past the last decoder layer); the target's
@@ -24,7 +24,10 @@ Conventions (written down because the public formats leave them implicit):
   layers), valid in ``[1, L - 1]``; the default is ``(2, L // 2, L - 3)``.
 - ``draft_vocab_size`` < ``vocab_size`` restricts drafting to a draft vocabulary: target id = ``i + d2t[i]``,
   or, without ``d2t``, the first ``draft_vocab_size`` ids (BPE ids are roughly frequency-ordered). For MTP it is
-  the target config's ``mtp_draft_vocab_size``. Drafts are verified exactly, so this only changes acceptance.
+  the target config's ``mtp_draft_vocab_size``, and the map, if any, ``model.layers.{L}.d2t`` (not part of the
+  DeepSeek-V3 names, which have no draft vocabulary; other engines ignore the extra tensors). With a map the
+  LM head rows of the draft ids are gathered once (a copy: a scattered subset cannot be a view). Drafts are
+  verified exactly, so this only changes acceptance.
 """
 
 from __future__ import annotations
@@ -182,6 +185,7 @@ def expected_shapes(cfg: HeadConfig) -> tuple[dict[str, tuple[int, ...]], dict[s
             "input_layernorm.weight": (h,),
             "norm.weight": (h,),
         }
+        opt |= {"d2t": (vd,), "t2d": (cfg.vocab_size,)}
     return req, opt
 
 

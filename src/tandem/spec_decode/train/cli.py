@@ -31,9 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--batch-tokens", type=int, default=4096)
     p.add_argument("--unroll-steps", type=int, default=3, help="chained steps trained (training-time test)")
     p.add_argument("--draft-vocab-size", type=int, default=8192)
-    p.add_argument("--draft-vocab", choices=["frequency", "leading"], default=None,
-                   help="draft ids: the target's most frequent predictions on the data (a d2t map) or the "
-                        "first ids; default frequency for eagle / eagle3, leading for mtp")
+    p.add_argument("--draft-vocab", choices=["frequency", "leading"], default="frequency",
+                   help="draft ids: the target's most frequent predictions on the data (with a d2t map), or "
+                        "the first ids (no map)")
     p.add_argument("--eagle3-layer-ids", type=int, nargs="+", default=None)
     p.add_argument("--feature-weight", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)

@@ -71,9 +71,8 @@ class TrainConfig:
     unroll_steps: int = 3
     draft_vocab_size: int = 8192
     # Which target ids the draft vocabulary holds: "frequency" (the ids the target predicts most often on the
-    # training data, with a d2t map) or "leading" (the first ids, no map). None: frequency for eagle and
-    # eagle3, leading for mtp (the DeepSeek-V3 layout has no map).
-    draft_vocab: str | None = None
+    # training data, with a d2t map) or "leading" (the first ids, no map).
+    draft_vocab: str = "frequency"
     eagle3_layer_ids: tuple[int, ...] | None = None
     seed: int = 0
     val_fraction: float = 0.06
@@ -83,21 +82,15 @@ class TrainConfig:
     ship_dir: str | None = None  # also write the small shipped form here
     max_steps: int | None = None  # testing: stop after this many optimiser steps in all
 
-    @property
-    def draft_vocab_rule(self) -> str:
-        rule = self.draft_vocab or ("leading" if self.method == "mtp" else "frequency")
-        if rule not in ("frequency", "leading"):
-            raise ValueError(f"--draft-vocab must be 'frequency' or 'leading', got {rule!r}")
-        if rule == "frequency" and self.method == "mtp":
-            raise ValueError("--draft-vocab frequency: an MTP layer (DeepSeek-V3 layout) has no draft→target map")
-        return rule
+    def __post_init__(self) -> None:
+        if self.draft_vocab not in ("frequency", "leading"):
+            raise ValueError(f"--draft-vocab must be 'frequency' or 'leading', got {self.draft_vocab!r}")
 
     def key(self) -> str:
         """Identity of a training run (what a resumable checkpoint must match)."""
         d = asdict(self)
         for k in ("out", "work_dir", "threads", "ship_dir", "epochs", "max_steps"):
             d.pop(k)
-        d["draft_vocab"] = self.draft_vocab_rule
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -194,7 +187,7 @@ def train_drafter(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     hcfg = HeadConfig.for_target(cfg.method, args, vd, aux_ids if cfg.method == "eagle3" else None)
     embed = ckpt.tensors["model.embed_tokens.weight"].float()
     full_head = ckpt.tensors.get("lm_head.weight", embed).float()
-    frequency = cfg.draft_vocab_rule == "frequency"
+    frequency = cfg.draft_vocab == "frequency" and vd < args.vocab_size
     draft_ids = select_draft_vocab(data, vd, args.vocab_size) if frequency else torch.arange(vd)
     vocab_index = torch.full((args.vocab_size,), -100, dtype=torch.int64)
     vocab_index[draft_ids] = torch.arange(vd)
@@ -205,7 +198,7 @@ def train_drafter(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     if cfg.method == "eagle3":
         lm_head: torch.Tensor = nn.Parameter(full_head[draft_ids].clone())
         draft_map: torch.Tensor | None = draft_ids
-    elif frequency:  # EAGLE: the target's LM head rows of the draft ids, frozen
+    elif frequency:  # EAGLE / MTP: the target's LM head rows of the draft ids, frozen
         lm_head, draft_map = full_head[draft_ids], draft_ids
     else:
         lm_head, draft_map = full_head[:vd], None
@@ -317,7 +310,7 @@ def train_drafter(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     final = head.canonical_tensors()
     if cfg.method == "eagle3":
         final["lm_head.weight"] = lm_head.detach().float().clone()
-    if frequency:  # the map (EAGLE: no LM head of its own, the target's rows are gathered at load)
+    if frequency:  # the map (EAGLE / MTP: no LM head of their own; the target's rows are gathered at load)
         final["d2t"] = (draft_ids - torch.arange(vd)).long()
         t2d = torch.zeros(args.vocab_size, dtype=torch.bool)
         t2d[draft_ids] = True
