@@ -94,6 +94,22 @@ def test_mtp_always_uses_the_targets_tensors(tmp_path: Path) -> None:
     assert _same_storage(head.lm_head, model.lm_head)
 
 
+def test_eagle_draft_vocabulary_map_over_the_targets_head(target: Any, tmp_path: Path) -> None:
+    """An EAGLE head without its own LM head but with ``d2t`` (what train-drafter writes by default): the
+    target's rows of the mapped ids, gathered once; the embedding stays the target's tensor."""
+    model = target[2]
+    path = write_eagle(tmp_path / "e", V, draft_vocab_size=50)
+    tensors = load_file(str(path / "model.safetensors"))
+    ids = torch.arange(200, 250)
+    tensors["d2t"] = ids - torch.arange(50)
+    save_file(tensors, str(path / "model.safetensors"))
+    for dtype in ("float32", "bfloat16"):
+        head = _build(target, method="eagle", model=str(path), draft_dtype=dtype).head
+        assert head.embed is model.embed_tokens and torch.equal(head.draft_map, ids)
+        assert head.lm_head.dtype == getattr(torch, dtype)
+        assert torch.equal(head.lm_head, model.lm_head[ids].to(head.lm_head.dtype))
+
+
 def test_mtp_draft_vocabulary_map_gathers_the_targets_rows(tmp_path: Path) -> None:
     """``model.layers.{L}.d2t`` (tandem's addition to the DeepSeek-V3 names): the draft LM head is the
     target's rows of the mapped ids (a scattered subset cannot be a view), the embedding still the target's

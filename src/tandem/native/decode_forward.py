@@ -127,8 +127,12 @@ class DecodeForwardKernel:
                 keep.append(cache)
             rows.append(row)
         ptrs = torch.tensor(rows, dtype=torch.int64)
-        if k_caches[0].dtype != dtype and (k_caches[0].dtype, dtype) != (torch.float32, torch.bfloat16):
-            raise ValueError(f"native decode: {dtype} weights over a {k_caches[0].dtype} cache")
+        if k_caches[0].dtype != dtype:
+            if (k_caches[0].dtype, dtype) != (torch.float32, torch.bfloat16):
+                raise ValueError(f"native decode: {dtype} weights over a {k_caches[0].dtype} cache")
+            if any(lw.get(n) is not None for lw in layers for n in ("qkv_bias", "qk_norm", "o_bias")):
+                # The C code reads biases and norms in the activations' dtype.
+                raise ValueError("native decode: bf16 weights over float32 activations take no biases or q/k norms")
         return LayerTable(ptrs, tuple(keep), k_caches[0].dtype, cache_shape[0], cache_shape[1], dtype)
 
     def __call__(
