@@ -5,8 +5,9 @@ greedy, k = 3:
 
 - ``--mode speed`` (single stream): mean acceptance length (tokens per verify step, bonus included),
   acceptance per draft position, output tok/s end to end (prefill included) and in the decode phase alone
-  (first token to last, per request: the TPOT), each with its speed-up over no-spec in the same run (one
-  engine at a time, median of repeats);
+  (first token to last, per request: the TPOT), each with its speed-up over no-spec in the same run (every
+  arm's engine loaded, the arms taking turns prompt by prompt; totals over all prompts and repeats), and the
+  same for the first ``--subset`` prompts;
 - ``--mode equality``: 32 prompts at concurrency 8, async off and on, each method against no-spec; a
   divergence counts as a near-tie only if the target's top-2 log-probabilities at the first differing
   position are within ``--tie-eps`` (checked by re-running the target on the common prefix).
@@ -27,7 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, humaneval, median  # noqa: E402
+from common import environment, humaneval  # noqa: E402
 
 from tandem import LLM, SamplingParams  # noqa: E402
 
@@ -43,69 +44,86 @@ def spec(method: str, k: int, draft_dtype: str | None = None) -> dict[str, Any] 
     return out
 
 
+def _arm_result(m: str, e2e: float, n_dec: int, t_dec: float, s: dict[str, Any], toks: list[list[int]],
+                ref: list[list[int]], base: tuple[float, float]) -> dict[str, Any]:
+    drafts = int(s.get("num_drafts", 0) or 0)
+    per_pos = [a / drafts for a in s.get("accepted_per_pos", [])] if drafts else []
+    return {
+        "method": m,
+        "tok_s": sum(len(t) for t in toks) / e2e,
+        "speedup_vs_none": base[0] / e2e,
+        # Decode only (TPOT): the prefill (the same for every arm, plus the head's pass over the prompt
+        # for the drafters) is left out.
+        "decode_tok_s": n_dec / t_dec,
+        "decode_speedup_vs_none": (n_dec / t_dec) / base[1],
+        "mean_acceptance_length": s.get("mean_acceptance_length"),
+        "acceptance_rate": s.get("acceptance_rate"),
+        "accepted_per_pos": s.get("accepted_per_pos"),
+        "acceptance_per_pos": [round(x, 3) for x in per_pos],
+        "num_drafts": drafts,
+        "identical_to_no_spec": toks == ref,
+        "e2e_s": e2e,
+        "decode_s": t_dec,
+    }
+
+
 def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
+    """Every arm's engine is loaded at once and the arms take turns prompt by prompt (the order rotating),
+    so this VM's drift over minutes falls on all arms alike; each engine still serves one request at a time
+    (single stream) and the others wait idle."""
     prompts = humaneval(ns.prompts)
     params = SamplingParams(temperature=0, max_tokens=ns.max_tokens)
     arms = ["none", *ns.methods]
-    times: dict[str, list[float]] = {m: [] for m in arms}
-    decode: dict[str, list[tuple[int, float]]] = {m: [] for m in arms}  # (tokens after the first, s)
-    tokens: dict[str, list[list[int]]] = {}
-    stats: dict[str, dict[str, Any]] = {}
-    bar = tqdm(total=len(arms) * ns.repeats, desc="speed")
-    # One engine at a time (memory on a shared machine), a small KV cache: single stream.
-    for m in arms:
-        llm = LLM(max_num_seqs=1, async_scheduling=ns.async_on, speculative_config=spec(m, ns.k, ns.draft_dtype),
-                  max_model_len=2048, num_kv_blocks=160)
-        llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
-        for _ in range(ns.repeats):
-            llm.reset_spec_decode_stats()
-            t0 = time.perf_counter()
-            outs = [llm.generate(p, params, use_tqdm=False)[0] for p in prompts]
-            times[m].append(time.perf_counter() - t0)
-            tokens[m] = [list(o.outputs[0].token_ids) for o in outs]
-            # Decode phase of each request: first token (after the prefill) to last token.
-            ms = [o.metrics for o in outs]
-            decode[m].append((sum(x.num_generation_tokens - 1 for x in ms),
-                              sum(x.last_token_time - x.first_token_time for x in ms)))
-            stats[m] = llm.spec_decode_stats()
-            bar.update(1)
-        llm.shutdown()
+    engines = {}
+    for m in tqdm(arms, desc="load"):
+        engines[m] = LLM(max_num_seqs=1, async_scheduling=ns.async_on,
+                         speculative_config=spec(m, ns.k, ns.draft_dtype), max_model_len=2048, num_kv_blocks=160)
+        engines[m].generate(prompts[0], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+        engines[m].reset_spec_decode_stats()
+    # per arm, per prompt: (end-to-end s, tokens after the first, decode s, token ids)
+    rows: dict[str, list[tuple[float, int, float, list[int]]]] = {m: [] for m in arms}
+    subset_stats: dict[str, dict[str, Any]] = {}
+    bar = tqdm(total=len(arms) * len(prompts) * ns.repeats, desc="speed")
+    for rep in range(ns.repeats):
+        for i, p in enumerate(prompts):
+            k = (i + rep) % len(arms)
+            for m in arms[k:] + arms[:k]:
+                t0 = time.perf_counter()
+                o = engines[m].generate(p, params, use_tqdm=False)[0]
+                e2e = time.perf_counter() - t0
+                x = o.metrics
+                rows[m].append((e2e, x.num_generation_tokens - 1, x.last_token_time - x.first_token_time,
+                                list(o.outputs[0].token_ids)))
+                bar.update(1)
+            if rep == 0 and i + 1 == ns.subset:
+                subset_stats = {m: engines[m].spec_decode_stats() for m in arms if m != "none"}
     bar.close()
-    results = []
-    base = median(times["none"])
+    stats = {m: engines[m].spec_decode_stats() for m in arms if m != "none"}
+    for llm in engines.values():
+        llm.shutdown()
 
-    def decode_tok_s(m: str) -> float:
-        return median([n / t for n, t in decode[m]])
+    def summarize(n: int | None, st: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        sel = {m: [r for j, r in enumerate(rows[m]) if n is None or j % len(prompts) < n] for m in arms}
+        tot = {m: (sum(r[0] for r in v), sum(r[1] for r in v), sum(r[2] for r in v)) for m, v in sel.items()}
+        base = (tot["none"][0], tot["none"][1] / tot["none"][2])
+        ref = [r[3] for r in sel["none"]]
+        return [_arm_result(m, *tot[m], st.get(m, {}), [r[3] for r in sel[m]], ref, base) for m in arms]
 
-    for m in arms:
-        s = stats[m]
-        drafts = int(s.get("num_drafts", 0) or 0)
-        per_pos = [a / drafts for a in s.get("accepted_per_pos", [])] if drafts else []
-        results.append({
-            "method": m,
-            "tok_s": sum(len(t) for t in tokens[m]) / median(times[m]),
-            "speedup_vs_none": base / median(times[m]),
-            # Decode only (TPOT): the prefill (the same for every arm, plus the head's pass over the
-            # prompt for the drafters) is left out.
-            "decode_tok_s": decode_tok_s(m),
-            "decode_speedup_vs_none": decode_tok_s(m) / decode_tok_s("none"),
-            "mean_acceptance_length": s.get("mean_acceptance_length"),
-            "acceptance_rate": s.get("acceptance_rate"),
-            "accepted_per_pos": s.get("accepted_per_pos"),
-            "acceptance_per_pos": [round(x, 3) for x in per_pos],
-            "num_drafts": drafts,
-            "identical_to_no_spec": tokens[m] == tokens["none"],
-            "runs_s": times[m],
-        })
-    print(f"\n{'method':<8}{'tok/s':>8}{'speedup':>9}{'decode tok/s':>13}{'speedup':>9}{'acc.len':>9}"
-          f"{'per position':>22}{'same':>6}")
-    for r in results:
-        acc = r["mean_acceptance_length"]
-        print(f"{r['method']:<8}{r['tok_s']:>8.1f}{r['speedup_vs_none']:>8.2f}x"
-              f"{r['decode_tok_s']:>13.1f}{r['decode_speedup_vs_none']:>8.2f}x"
-              f"{(acc if acc is not None else float('nan')):>9.2f}{str(r['acceptance_per_pos']):>22}"
-              f"{str(r['identical_to_no_spec']):>6}")
-    return {"results": results}
+    results = summarize(None, stats)
+    subset = summarize(ns.subset, subset_stats) if 0 < ns.subset < len(prompts) else []
+    for title, res in (("all prompts", results), (f"first {ns.subset} prompts", subset)):
+        if not res:
+            continue
+        print(f"\n{title}\n{'method':<8}{'tok/s':>8}{'speedup':>9}{'decode tok/s':>13}{'speedup':>9}"
+              f"{'acc.len':>9}{'per position':>22}{'same':>6}")
+        for r in res:
+            acc = r["mean_acceptance_length"]
+            print(f"{r['method']:<8}{r['tok_s']:>8.1f}{r['speedup_vs_none']:>8.2f}x"
+                  f"{r['decode_tok_s']:>13.1f}{r['decode_speedup_vs_none']:>8.2f}x"
+                  f"{(acc if acc is not None else float('nan')):>9.2f}{str(r['acceptance_per_pos']):>22}"
+                  f"{str(r['identical_to_no_spec']):>6}")
+    per_prompt = {m: [{"e2e_s": r[0], "decode_tokens": r[1], "decode_s": r[2]} for r in v] for m, v in rows.items()}
+    return {"results": results, "subset": subset, "per_prompt": per_prompt}
 
 
 def _near_tie(llm: LLM, prompt_ids: list[int], prefix: list[int], eps: float) -> tuple[bool, float]:
@@ -169,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--subset", type=int, default=10, help="speed: also report the first N prompts")
     p.add_argument("--async-on", action="store_true", help="speed mode: async scheduling on")
     p.add_argument("--tie-eps", type=float, default=1e-3)
     p.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"],

@@ -4,8 +4,10 @@ the MTP output is the target checkpoint with the MTP layer added; HumanEval is n
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +158,16 @@ def cfg_aux(target: Path) -> tuple[int, ...]:
     from tandem.spec_decode.eagle_checkpoint import default_eagle3_layer_ids
 
     return tuple(default_eagle3_layer_ids(load_model_args(str(target)).num_hidden_layers))
+
+
+def test_draft_vocab_is_part_of_the_run_key(tmp_path: Path) -> None:
+    """A resumable checkpoint never resumes a run with the other draft vocabulary; the runs from before the
+    option (eagle3: frequency, eagle / mtp: leading) keep their keys."""
+    for method in ("eagle", "eagle3", "mtp"):
+        freq = _cfg(tmp_path, method, tmp_path / "o", tmp_path / "w", draft_vocab="frequency")
+        lead = _cfg(tmp_path, method, tmp_path / "o", tmp_path / "w", draft_vocab="leading")
+        assert freq.key() != lead.key()
+        legacy = freq if method == "eagle3" else lead
+        d = {k: v for k, v in asdict(legacy).items()
+             if k not in ("out", "work_dir", "threads", "ship_dir", "epochs", "max_steps", "draft_vocab")}
+        assert legacy.key() == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]

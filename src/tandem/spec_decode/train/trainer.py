@@ -91,6 +91,8 @@ class TrainConfig:
         d = asdict(self)
         for k in ("out", "work_dir", "threads", "ship_dir", "epochs", "max_steps"):
             d.pop(k)
+        if d["draft_vocab"] == ("frequency" if self.method == "eagle3" else "leading"):
+            d.pop("draft_vocab")  # what runs before the option did: their checkpoints keep their keys
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -1,0 +1,96 @@
+"""Where a speculative step's time goes: the median duration of each traced span per step, per arm.
+
+Each arm (no-spec and each drafter, k = 3, greedy, single stream, async off) generates on a few HumanEval
+prompts with ``trace_file`` set; the spans of the decode steps (prefill steps left out) are grouped by name
+and their per-step medians printed side by side, with the median step (``execute``) and the extra time per
+step over no-spec. This is the breakdown that says which part of a verify step costs what (the target's
+forward, the proposer, the rejection sampler).
+
+    python benchmarks/spec_step_spans.py --json benchmarks/results/spec_step_spans.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, humaneval  # noqa: E402
+
+from tandem import LLM, SamplingParams  # noqa: E402
+
+SPANS = ("execute", "forward", "propose", "rejection_sample", "sample", "prepare_inputs")
+
+
+def step_spans(trace: Path) -> dict[str, list[float]]:
+    """Per-step duration (ms) of each span name, decode / verify steps only (forward of at most 8 rows)."""
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    steps: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    tokens: dict[int, int] = {}
+    for e in events:
+        args = e.get("args", {})
+        if e.get("ph") != "X" or "step" not in args:
+            continue
+        steps[args["step"]][e["name"]] += e["dur"] / 1000
+        if e["name"] == "forward":
+            tokens[args["step"]] = int(args.get("tokens") or 0)
+    out: dict[str, list[float]] = defaultdict(list)
+    for s, spans in steps.items():
+        if not 1 <= tokens.get(s, 0) <= 8:
+            continue
+        for name in SPANS:
+            if name in spans:
+                out[name].append(spans[name])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", nargs="+", default=["none", "eagle", "eagle3", "mtp"])
+    p.add_argument("--prompts", type=int, default=4, help="HumanEval prompts 2.. (2 + N)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--json", default=None)
+    ns = p.parse_args(argv)
+    prompts = humaneval(2 + ns.prompts)[2:]
+    params = SamplingParams(temperature=0, max_tokens=ns.max_tokens)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for m in tqdm(ns.methods, desc="arms"):
+            trace = Path(tmp) / f"{m}.json"
+            spec = None if m == "none" else {"method": m, "num_speculative_tokens": 3}
+            llm = LLM(max_num_seqs=1, async_scheduling=False, speculative_config=spec, max_model_len=2048,
+                      num_kv_blocks=160, trace_file=str(trace))
+            llm.generate(prompts, params, use_tqdm=False)  # one call (the trace holds the last); one at a time
+            stats = llm.spec_decode_stats() if spec else {}
+            llm.shutdown()
+            spans = step_spans(trace)
+            results[m] = {
+                "steps": len(spans["execute"]),
+                "median_ms": {k: round(statistics.median(v), 3) for k, v in spans.items() if v},
+                "mean_acceptance_length": stats.get("mean_acceptance_length"),
+            }
+    base = results.get("none", {}).get("median_ms", {}).get("execute")
+    print(f"\n{'arm':<8}{'steps':>6}" + "".join(f"{s:>18}" for s in SPANS) + f"{'extra vs none':>15}")
+    for m, r in results.items():
+        med = r["median_ms"]
+        extra = f"{med['execute'] - base:+.2f}" if base is not None else "-"
+        print(f"{m:<8}{r['steps']:>6}" + "".join(f"{med.get(s, float('nan')):>18.2f}" for s in SPANS)
+              + f"{extra:>15}")
+    if ns.json:
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(ns.json).write_text(json.dumps({"environment": environment(), "args": vars(ns),
+                                             "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
