@@ -92,6 +92,28 @@ def _build(name: str, cc: str) -> Path:
     return target
 
 
+def _open_keeping_fp_env(path: Path) -> ctypes.CDLL:
+    """``ctypes.CDLL(path)`` with the loading thread's floating-point environment put back afterwards.
+
+    A shared object linked with ``-ffast-math`` (GCC before 13 adds ``crtfastmath.o``) sets flush-to-zero and
+    denormals-are-zero in the thread that loads it, so every later float computation of that thread — torch
+    included — would lose subnormals. The kernels do not depend on those modes; the caller's thread keeps its
+    own (glibc ``fegetenv`` / ``fesetenv`` carry the SSE control word)."""
+    libc = None
+    env = ctypes.create_string_buffer(64)  # fenv_t: 32 bytes on x86-64 glibc
+    try:
+        libc = ctypes.CDLL(None)
+        if libc.fegetenv(env) != 0:
+            libc = None
+    except (OSError, AttributeError):
+        libc = None
+    try:
+        return ctypes.CDLL(str(path))
+    finally:
+        if libc is not None:
+            libc.fesetenv(env)
+
+
 def load(name: str) -> ctypes.CDLL | None:
     """The compiled library ``name`` (``native/<name>.c``), or ``None`` where native kernels are off or
     cannot be built (the reason is logged once)."""
@@ -106,7 +128,7 @@ def load(name: str) -> ctypes.CDLL | None:
             log.warning("native kernel %s unavailable: no C compiler (set CC); using torch ops", name)
         else:
             try:
-                lib = ctypes.CDLL(str(_build(name, cc)))
+                lib = _open_keeping_fp_env(_build(name, cc))
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 log.warning("native kernel %s unavailable, using torch ops: %s", name, exc)
         _loaded[name] = lib
