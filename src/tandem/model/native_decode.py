@@ -36,6 +36,17 @@ def native_decode_enabled() -> bool:
     return os.environ.get("TANDEM_NATIVE_DECODE", "1") != "0"
 
 
+def short_paged_step(metadata: object, rows: int, max_rows: int) -> bool:
+    """Whether a forward of ``rows`` rows with this attention metadata is a short step the native kernels
+    take: the CPU paged backend, short queries only, 1 .. ``max_rows`` rows."""
+    return (
+        isinstance(metadata, PagedCpuMetadata)
+        and not metadata.long_queries
+        and metadata.short is not None
+        and 1 <= rows <= max_rows
+    )
+
+
 class NativeDecode:
     """Decides per forward whether the native stack applies, and runs it. One per model."""
 
@@ -71,13 +82,7 @@ class NativeDecode:
         return None if kernel is None else cls(model, kernel)
 
     def applies(self, batch: ForwardBatch) -> bool:
-        meta = batch.attn_metadata
-        return (
-            isinstance(meta, PagedCpuMetadata)
-            and not meta.long_queries
-            and meta.short is not None
-            and 1 <= batch.num_tokens <= self.kernel.max_rows
-        )
+        return short_paged_step(batch.attn_metadata, batch.num_tokens, self.kernel.max_rows)
 
     def _layer_table(self, kv_cache: KVCache) -> LayerTable:
         key = tuple(t.data_ptr() for t in (*kv_cache.k, *kv_cache.v))

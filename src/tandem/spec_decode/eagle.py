@@ -95,11 +95,13 @@ def head_weight_dtype(config: SpeculativeConfig, target: CausalLM) -> torch.dtyp
     propose (the target verifies every token exactly), so half the bytes cost at most a little
     acceptance — else the target's dtype. An explicit dtype must be the target's, or bf16 under a
     float32 target with those kernels."""
+    from tandem.worker.worker import DTYPES  # the dtype names (as draft_model reads them)
+
     want = config.draft_dtype
     mixed = target.dtype == torch.float32 and getattr(target.linear, "mixed_bf16", False)
     if want in (None, "auto"):
         return torch.bfloat16 if mixed else target.dtype
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[want]
+    dtype = DTYPES[want]
     if dtype == target.dtype or (dtype == torch.bfloat16 and mixed):
         return dtype
     raise ValueError(
