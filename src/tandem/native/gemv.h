@@ -19,7 +19,6 @@
 #endif
 
 #define GEMV_MAX_ROWS 64 /* gemv_rows' limit */
-#define CONVERT_ROWS 4   /* bf16 weights: from this many rows, convert each tile once to float32 */
 #define PF_BYTES 4096    /* software prefetch distance along a weight stream (measured best, 2-16 KB) */
 
 /* acc[r * ot + j] = sum_i x[r][i] * w[o + j][i] for the tile's nj <= ot features (ot: the tile width). */
@@ -170,55 +169,40 @@ static inline float round_to(float v, int is_bf16) {
 }
 
 /* yf[r * ldy + o] = sum_i xf[r * in + i] * w[o * in + i] for r < rows <= GEMV_MAX_ROWS, o < out.
- * bf16 weights with CONVERT_ROWS or more rows: each 2-feature tile is converted once into a per-thread
- * float32 buffer and the float32 tiles run over it, so the conversion is paid once, not per row group.
+ * bf16 weights are widened in registers for every row group (tile_avx2_bf16). Widening each tile once
+ * into a float32 buffer and running the float32 tiles over it was slower at every row count 3-64 on
+ * this AVX2 CPU (benchmarks/bench_linear.py; BENCHMARKS.md section 10), so there is no such path.
  * Returns 0, or -2 when scratch memory could not be allocated. */
 static int gemv_rows(const float *xf, int64_t rows, int64_t in, const void *w, int64_t out, int is_bf16,
                      float *yf, int64_t ldy, int num_threads) {
-    const int convert = HAVE_AVX2 && is_bf16 && rows >= CONVERT_ROWS && in % 8 == 0;
-    const int64_t ot = convert ? 2 : tile_width(rows), tiles = (out + ot - 1) / ot;
-    const int vec = HAVE_AVX2 && in % (is_bf16 && !convert ? 16 : 8) == 0;
+    const int64_t ot = tile_width(rows), tiles = (out + ot - 1) / ot;
+    const int vec = HAVE_AVX2 && in % (is_bf16 ? 16 : 8) == 0;
     const float *xv = xf;
     float *split = NULL;
-    int failed = 0;
 #if HAVE_AVX2
-    if (vec && is_bf16 && !convert) {
+    if (vec && is_bf16) {
         split = malloc((size_t)(rows * in) * sizeof(float));
         if (!split) return -2;
         split_pairs(xf, rows, in, split);
         xv = split;
     }
 #endif
-#pragma omp parallel num_threads(num_threads) reduction(| : failed)
-    {
-        float *buf = convert ? malloc((size_t)(2 * in) * sizeof(float)) : NULL;
-        if (convert && !buf) failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            if (convert && !buf) continue;
-            const int64_t o = t * ot, nj = out - o < ot ? out - o : ot;
-            float acc[GEMV_MAX_ROWS * 4];
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t o = t * ot, nj = out - o < ot ? out - o : ot;
+        float acc[GEMV_MAX_ROWS * 4];
 #if HAVE_AVX2
-            if (convert && nj == ot) {
-                const uint16_t *src = (const uint16_t *)w + o * in;
-                for (int64_t i = 0; i < 2 * in; i += 8) {
-                    _mm_prefetch((const char *)(src + i) + PF_BYTES, _MM_HINT_T0);
-                    _mm256_storeu_ps(buf + i, load8_bf16(src, i));
-                }
-                tile_avx2_f32(xf, rows, in, buf, 0, acc);
-            } else if (vec && nj == ot && is_bf16)
-                tile_avx2_bf16(xv, rows, in, w, o, acc);
-            else if (vec && nj == ot)
-                tile_avx2_f32(xv, rows, in, w, o, acc);
-            else
+        if (vec && nj == ot && is_bf16)
+            tile_avx2_bf16(xv, rows, in, w, o, acc);
+        else if (vec && nj == ot)
+            tile_avx2_f32(xv, rows, in, w, o, acc);
+        else
 #endif
-                tile_portable(xf, rows, in, w, o, nj, ot, is_bf16, acc);
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t j = 0; j < nj; j++) yf[r * ldy + o + j] = acc[r * ot + j];
-        }
-        free(buf);
+            tile_portable(xf, rows, in, w, o, nj, ot, is_bf16, acc);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < nj; j++) yf[r * ldy + o + j] = acc[r * ot + j];
     }
     free(split);
-    return failed ? -2 : 0;
+    return 0;
 }
 #endif

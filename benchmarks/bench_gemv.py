@@ -1,0 +1,74 @@
+"""The native few-row products (``native/gemv.h`` through ``NativeLinear``) by row count and weight dtype.
+
+Each arm multiplies ``rows`` float32 rows by each of ``--matrices`` distinct weight matrices of one shape
+(more bytes than the last-level cache, so every weight streams from memory, as in a decode step) and reports
+the median time per matrix and the bytes streamed per second. Shapes default to SmolLM2-135M's MLP
+products: gate/up ``3072 x 576`` and down ``576 x 1536``.
+
+    python benchmarks/bench_gemv.py --json benchmarks/results/gemv.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment  # noqa: E402
+
+from tandem.model.linear import NativeLinear  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="3072x576,576x1536", help="out x in, comma separated")
+    p.add_argument("--rows", default="1,2,3,4,6,8,16,32")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--matrices", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(2)
+    lin = NativeLinear()
+    rows_list = [int(r) for r in args.rows.split(",")]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    results = []
+    bar = tqdm(total=len(shapes) * len(dtypes) * len(rows_list), unit="arm")
+    for out, inp in shapes:
+        base = [torch.randn(out, inp) for _ in range(args.matrices)]
+        for dtype in dtypes:
+            weights = [w.to(dtype) for w in base]
+            mb = weights[0].numel() * weights[0].element_size() / 1e6
+            for rows in rows_list:
+                x = torch.randn(rows, inp)
+                times = []
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    for w in weights:
+                        lin.linear(x, w)
+                    times.append((time.perf_counter() - t0) / len(weights))
+                med = statistics.median(times)
+                results.append({"shape": f"{out}x{inp}", "dtype": str(dtype).removeprefix("torch."),
+                                "rows": rows, "ms": med * 1e3, "gb_s": mb / med / 1e3})
+                bar.set_postfix_str(f"{out}x{inp} {dtype} rows {rows}")
+                bar.update()
+    bar.close()
+    print("\n| shape | dtype | rows | ms / matrix | GB/s |\n|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['shape']} | {r['dtype']} | {r['rows']} | {r['ms']:.3f} | {r['gb_s']:.1f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"environment": environment(), "args": vars(args),
+                                               "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
