@@ -171,7 +171,7 @@ static inline float round_to(float v, int is_bf16) {
 /* yf[r * ldy + o] = sum_i xf[r * in + i] * w[o * in + i] for r < rows <= GEMV_MAX_ROWS, o < out.
  * bf16 weights are widened in registers for every row group (tile_avx2_bf16). Widening each tile once
  * into a float32 buffer and running the float32 tiles over it was slower at every row count 3-64 on
- * this AVX2 CPU (benchmarks/bench_linear.py; BENCHMARKS.md section 10), so there is no such path.
+ * this AVX2 CPU (benchmarks/bench_gemv.py; BENCHMARKS.md section 12), so there is no such path.
  * Returns 0, or -2 when scratch memory could not be allocated. */
 static int gemv_rows(const float *xf, int64_t rows, int64_t in, const void *w, int64_t out, int is_bf16,
                      float *yf, int64_t ldy, int num_threads) {
