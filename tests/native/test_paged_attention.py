@@ -157,3 +157,43 @@ def test_kernel_rejects_a_mismatched_library() -> None:
 
     with pytest.raises(RuntimeError, match="ABI"):
         PagedAttentionKernel(Lib())  # type: ignore[arg-type]
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_query_gives_the_same_bits_as_decode_verify_row_or_in_any_batch(dtype: torch.dtype) -> None:
+    """Keys are cut into chunks at fixed positions (KEY_CHUNK), never by batch, query count or threads:
+    the verify rows of a request (here straddling a chunk boundary, and past two chunks) equal the
+    decodes of the same positions bit for bit, alone or beside other requests, at 1 or 2 threads."""
+    kernel = paged_attention_kernel()
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(5)
+    bs, kvh, heads, hd = 16, 3, 9, 64
+    cache_k = torch.randn(40, bs, kvh, hd, generator=gen).to(dtype)
+    cache_v = torch.randn(40, bs, kvh, hd, generator=gen).to(dtype)
+    table = torch.randperm(40, generator=gen)[:12].view(1, -1).contiguous()
+    i64 = lambda *x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+
+    def attend(q: torch.Tensor, lens: list[int], q_lens: list[int], tables: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(q)
+        starts = [sum(q_lens[:i]) for i in range(len(q_lens))]
+        ix = kernel.indices(tables, i64(*lens), i64(*range(len(lens))), i64(*starts), i64(*q_lens), q.shape[0])
+        kernel(q, out, cache_k, cache_v, ix, hd**-0.5)
+        return out
+
+    for context in (62, 150):  # rows at keys 63..66 (a chunk boundary); 151..154 (a third chunk)
+        q = torch.randn(4, heads, hd, generator=gen).to(dtype)
+        verify = attend(q, [context + 4], [4], table)
+        other = torch.randn(1, heads, hd, generator=gen).to(dtype)
+        two_tables = torch.cat([table.flip(1), table]).contiguous()
+        prev = torch.get_num_threads()
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            try:
+                for j in range(4):
+                    alone = attend(q[j : j + 1].contiguous(), [context + j + 1], [1], table)
+                    batched = attend(torch.cat([other, q[j : j + 1]]), [100, context + j + 1], [1, 1], two_tables)
+                    assert torch.equal(alone[0], verify[j]), (context, j, threads)
+                    assert torch.equal(batched[1], verify[j]), (context, j, threads)
+            finally:
+                torch.set_num_threads(prev)

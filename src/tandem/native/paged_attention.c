@@ -2,13 +2,18 @@
  *
  * Reads K and V straight from the paged cache through each request's block table: no gathered copy of the
  * context, no padding to the batch's longest sequence, one call per layer for every short query in the
- * batch. One task is (request, KV head): its G = heads / kv_heads query heads times q_len query rows are
- * scored against each key row it loads.
+ * batch. One task is (request, KV head, chunk of keys): its G = heads / kv_heads query heads times q_len
+ * query rows are scored against each key row of the chunk it loads. Keys are cut into chunks of KEY_CHUNK
+ * at fixed positions (0, KEY_CHUNK, 2 * KEY_CHUNK, ...), so one request's three KV heads still make enough
+ * tasks to keep every thread busy; a request with more than one chunk has its chunks' partial results
+ * (unnormalised sums, the running max and the softmax denominator) merged after all tasks ran.
  *
  * Semantics (the same as the torch backends, tandem/model/attention/base.py): query j of a request with
  * q_len queries and seq_len keys sits at position seq_len - q_len + j and sees keys 0 .. that position.
  * Scores, softmax and the weighted sum accumulate in float32 for both storage dtypes; a bf16 result is
- * rounded to nearest-even once at the end.
+ * rounded to nearest-even once at the end. The chunk boundaries depend on key positions only — not on the
+ * batch, the query count or the thread count — so a query's result is the same bits whether it is a
+ * decode, a verify row or part of any batch.
  *
  * Three implementations of a task: portable C for any head size; an AVX-512 one for head sizes 64 and
  * 128 (scores of 16 keys reduced together, accumulators in registers, rows prefetched 16 keys ahead); an
@@ -28,7 +33,8 @@
 #include <immintrin.h>
 #endif
 
-#define TANDEM_PAGED_ATTENTION_ABI 1
+#define TANDEM_PAGED_ATTENTION_ABI 2
+#define KEY_CHUNK 64 /* keys per task (a multiple of 16) */
 
 typedef struct {
     int is_bf16;
@@ -39,9 +45,11 @@ typedef struct {
 } Problem;
 
 typedef struct {
-    int64_t kvh, q_start, ql, len, len16; /* len16: len rounded up to 16, the row stride of p */
-    const int64_t *rows;                  /* element offset of this head's K/V row for each position */
-    float *qf, *p, *inv_sum;              /* [nq, head_dim] scaled queries, [nq, len16] scores, [nq] */
+    int64_t kvh, q_start, ql, len, len16; /* the chunk's keys; len16: len rounded up to 16, p's row stride */
+    int64_t vis0;                         /* keys of the chunk query row 0 sees, minus 1 (may be < 0) */
+    const int64_t *rows;                  /* element offset of this head's K/V row for each key of the chunk */
+    float *qf, *p, *mx, *sum;             /* [nq, head_dim] scaled queries, [nq, len16] scores, [nq] x 2 */
+    float *partial;                       /* NULL: write the output; else [nq, head_dim + 2] partial results */
 } Task;
 
 static inline void load_row(const void *restrict base, int64_t elem, int64_t n, int is_bf16,
@@ -60,11 +68,11 @@ static inline int64_t query_elem(const Problem *pb, const Task *t, int64_t i, in
     return (t->q_start + j) * row_stride + h * pb->head_dim;
 }
 
-/* Softmax of each query's scores over its visible keys (query j sees context + j + 1); the rest get 0. */
+/* Softmax numerators of each query's scores over the chunk's keys it sees (query j of the request sees its
+ * context + j + 1 keys); the rest get 0. Keeps each query's max and denominator for the merge. */
 static void softmax_rows(const Problem *pb, Task *t, int64_t nq) {
-    const int64_t context = t->len - t->ql;
     for (int64_t i = 0; i < nq; i++) {
-        const int64_t visible = clamp64(context + i / pb->group + 1, 0, t->len);
+        const int64_t visible = clamp64(t->vis0 + i / pb->group + 1, 0, t->len);
         float *pi = t->p + i * t->len16, m = -INFINITY, sum = 0.0f;
         for (int64_t pos = 0; pos < visible; pos++) m = pi[pos] > m ? pi[pos] : m;
         for (int64_t pos = 0; pos < visible; pos++) {
@@ -72,13 +80,13 @@ static void softmax_rows(const Problem *pb, Task *t, int64_t nq) {
             sum += pi[pos];
         }
         for (int64_t pos = visible; pos < t->len16; pos++) pi[pos] = 0.0f;
-        t->inv_sum[i] = sum > 0.0f ? 1.0f / sum : 0.0f;
+        t->mx[i] = m;
+        t->sum[i] = sum;
     }
 }
 
-static inline void store_out(const Problem *pb, const Task *t, int64_t i, const float *acc) {
+static inline void write_out(const Problem *pb, const Task *t, int64_t i, const float *acc, float inv) {
     const int64_t base = query_elem(pb, t, i, pb->out_row_stride);
-    const float inv = t->inv_sum[i];
     if (pb->is_bf16) {
         uint16_t *o = (uint16_t *)pb->out + base;
         for (int64_t d = 0; d < pb->head_dim; d++) o[d] = f32_to_bf16(acc[d] * inv);
@@ -86,6 +94,37 @@ static inline void store_out(const Problem *pb, const Task *t, int64_t i, const 
         float *o = (float *)pb->out + base;
         for (int64_t d = 0; d < pb->head_dim; d++) o[d] = acc[d] * inv;
     }
+}
+
+/* Query i's weighted sum of values over the chunk: the output (one chunk), or a partial result. */
+static inline void store_out(const Problem *pb, const Task *t, int64_t i, const float *acc) {
+    const int64_t hd = pb->head_dim;
+    if (t->partial) {
+        float *dst = t->partial + i * (hd + 2);
+        memcpy(dst, acc, (size_t)hd * sizeof(float));
+        dst[hd] = t->mx[i];
+        dst[hd + 1] = t->sum[i];
+        return;
+    }
+    write_out(pb, t, i, acc, t->sum[i] > 0.0f ? 1.0f / t->sum[i] : 0.0f);
+}
+
+/* The output of query i from its request's nch chunk partials (chunk c at part + c * stride): each rescaled
+ * by exp(max_c - max), summed, divided by the rescaled denominators' sum. */
+static void merge_chunks(const Problem *pb, const Task *t, int64_t i, const float *part, int64_t nch,
+                         int64_t stride, float *acc) {
+    const int64_t hd = pb->head_dim;
+    float m = -INFINITY, den = 0.0f;
+    for (int64_t c = 0; c < nch; c++) m = part[c * stride + hd] > m ? part[c * stride + hd] : m;
+    memset(acc, 0, (size_t)hd * sizeof(float));
+    for (int64_t c = 0; c < nch; c++) {
+        const float *pc = part + c * stride;
+        if (pc[hd + 1] <= 0.0f) continue; /* no key of this chunk visible to the query */
+        const float w = expf(pc[hd] - m);
+        den += w * pc[hd + 1];
+        for (int64_t d = 0; d < hd; d++) acc[d] += w * pc[d];
+    }
+    write_out(pb, t, i, acc, den > 0.0f ? 1.0f / den : 0.0f);
 }
 
 /* Portable task: any head size. ``row`` and ``acc`` are head_dim and nq * head_dim floats of scratch. */
@@ -286,52 +325,101 @@ int tandem_paged_attention(
     int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int num_threads) {
     const Problem pb = {is_bf16, q, k_cache, v_cache, out, q_row_stride, out_row_stride,
                         head_dim, heads / kv_heads, scale};
-    const int64_t max_keys = bt_stride * block_size, tasks = num_reqs * kv_heads;
+    const int64_t max_keys = bt_stride * block_size, group = heads / kv_heads, stride = head_dim + 2;
     const int fast = tandem_paged_attention_fast_path(head_dim);
+    /* Per request: its keys, chunks, first task and the offset of its partial results (split ones only). */
+    int64_t *plan = malloc((size_t)(4 * num_reqs + 1) * sizeof(int64_t));
+    if (!plan) return -1;
+    int64_t *lens = plan, *nchunks = lens + num_reqs, *poff = nchunks + num_reqs, *first = poff + num_reqs;
+    int64_t tasks = 0, partial_floats = 0;
+    for (int64_t r = 0; r < num_reqs; r++) {
+        lens[r] = clamp64(seq_lens[req[r]], 0, max_keys);
+        nchunks[r] = lens[r] > KEY_CHUNK ? (lens[r] + KEY_CHUNK - 1) / KEY_CHUNK : 1;
+        first[r] = tasks;
+        tasks += kv_heads * nchunks[r];
+        poff[r] = partial_floats;
+        if (nchunks[r] > 1) partial_floats += kv_heads * nchunks[r] * q_len[r] * group * stride;
+    }
+    first[num_reqs] = tasks;
+    float *partial = partial_floats ? malloc((size_t)partial_floats * sizeof(float)) : NULL;
+    if (partial_floats && !partial) {
+        free(plan);
+        return -1;
+    }
     int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
-    for (int64_t task = 0; task < tasks; task++) {
-        const int64_t r = task / kv_heads, row = req[r];
-        Task t = {task % kv_heads, q_start[r], q_len[r], clamp64(seq_lens[row], 0, max_keys), 0, 0, 0, 0, 0};
-        t.len16 = (t.len + 15) / 16 * 16;
-        const int64_t nq = t.ql * pb.group;
-        const size_t floats = (size_t)(nq * head_dim * 2 + head_dim + nq + nq * t.len16);
-        char *scratch = malloc(floats * sizeof(float) + (size_t)t.len * sizeof(int64_t));
-        if (!scratch) {
-            failed = 1;
-            continue;
-        }
-        int64_t *rows = (int64_t *)scratch;
-        t.rows = rows;
-        t.qf = (float *)(scratch + (size_t)t.len * sizeof(int64_t));
-        float *acc = t.qf + nq * head_dim, *row_buf = acc + nq * head_dim;
-        t.inv_sum = row_buf + head_dim;
-        t.p = t.inv_sum + nq;
-        const int64_t *table = block_tables + row * bt_stride;
-        for (int64_t pos = 0; pos < t.len; pos++) {
-            const int64_t block = clamp64(table[pos / block_size], 0, num_blocks - 1);
-            rows[pos] = ((block * block_size + pos % block_size) * kv_heads + t.kvh) * head_dim;
-        }
-        for (int64_t i = 0; i < nq; i++) { /* pre-scaled float32 queries */
-            float *qi = t.qf + i * head_dim;
-            load_row(q, query_elem(&pb, &t, i, q_row_stride), head_dim, is_bf16, qi);
-            for (int64_t d = 0; d < head_dim; d++) qi[d] *= scale;
-        }
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            int64_t r = 0, hi = num_reqs; /* the request: first[r] <= task < first[r + 1] */
+            while (hi - r > 1) {
+                const int64_t mid = (r + hi) / 2;
+                if (first[mid] <= task) r = mid; else hi = mid;
+            }
+            const int64_t local = task - first[r], nch = nchunks[r], row = req[r];
+            const int64_t kvh = local / nch, c = local % nch, k0 = c * KEY_CHUNK;
+            const int64_t len = nch == 1 ? lens[r] : (lens[r] - k0 < KEY_CHUNK ? lens[r] - k0 : KEY_CHUNK);
+            Task t = {kvh, q_start[r], q_len[r], len, (len + 15) / 16 * 16, lens[r] - q_len[r] - k0,
+                      0, 0, 0, 0, 0, 0};
+            const int64_t nq = t.ql * group;
+            if (nch > 1) t.partial = partial + poff[r] + (kvh * nch + c) * nq * stride;
+            const size_t floats = (size_t)(nq * head_dim * 2 + head_dim + 2 * nq + nq * t.len16);
+            char *scratch = malloc(floats * sizeof(float) + (size_t)len * sizeof(int64_t));
+            if (!scratch) {
+                failed = 1;
+                continue;
+            }
+            int64_t *rows = (int64_t *)scratch;
+            t.rows = rows;
+            t.qf = (float *)(scratch + (size_t)len * sizeof(int64_t));
+            float *acc = t.qf + nq * head_dim, *row_buf = acc + nq * head_dim;
+            t.mx = row_buf + head_dim;
+            t.sum = t.mx + nq;
+            t.p = t.sum + nq;
+            const int64_t *table = block_tables + row * bt_stride;
+            for (int64_t j = 0; j < len; j++) {
+                const int64_t pos = k0 + j, block = clamp64(table[pos / block_size], 0, num_blocks - 1);
+                rows[j] = ((block * block_size + pos % block_size) * kv_heads + t.kvh) * head_dim;
+            }
+            for (int64_t i = 0; i < nq; i++) { /* pre-scaled float32 queries */
+                float *qi = t.qf + i * head_dim;
+                load_row(q, query_elem(&pb, &t, i, q_row_stride), head_dim, is_bf16, qi);
+                for (int64_t d = 0; d < head_dim; d++) qi[d] *= scale;
+            }
 #if HAVE_AVX512_TASKS
-        if (fast == 2 && head_dim == 64)
-            task_avx512_4(&pb, &t, nq);
-        else if (fast == 2 && head_dim == 128)
-            task_avx512_8(&pb, &t, nq);
-        else
+            if (fast == 2 && head_dim == 64)
+                task_avx512_4(&pb, &t, nq);
+            else if (fast == 2 && head_dim == 128)
+                task_avx512_8(&pb, &t, nq);
+            else
 #endif
 #if HAVE_AVX2_TASK
-        if (fast == 1)
-            task_avx2(&pb, &t, nq, acc);
-        else
+            if (fast == 1)
+                task_avx2(&pb, &t, nq, acc);
+            else
 #endif
-            task_generic(&pb, &t, nq, row_buf, acc);
-        free(scratch);
+                task_generic(&pb, &t, nq, row_buf, acc);
+            free(scratch);
+        }
+        /* (the implicit barrier of the loop above: every chunk is done) */
+        if (partial) { /* the same branch in every thread (the loop inside is a worksharing one) */
+            float *acc = malloc((size_t)head_dim * sizeof(float));
+            if (!acc) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t pair = 0; pair < num_reqs * kv_heads; pair++) {
+                const int64_t r = pair / kv_heads, kvh = pair % kv_heads, nch = nchunks[r];
+                if (nch == 1 || !acc) continue;
+                const Task t = {kvh, q_start[r], q_len[r], 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                const int64_t nq = q_len[r] * group;
+                const float *base = partial + poff[r] + kvh * nch * nq * stride;
+                for (int64_t i = 0; i < nq; i++)
+                    merge_chunks(&pb, &t, i, base + i * stride, nch, nq * stride, acc);
+            }
+            free(acc);
+        }
     }
     (void)fast;
+    free(partial);
+    free(plan);
     return failed ? -1 : 0;
 }

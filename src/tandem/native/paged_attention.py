@@ -14,7 +14,7 @@ import torch
 
 from tandem import native
 
-_ABI = 1
+_ABI = 2
 _c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
 _ARGTYPES = [
     ctypes.c_int, _c_ptr, _c_i64, _c_ptr, _c_i64,  # is_bf16, q, q_row_stride, out, out_row_stride
