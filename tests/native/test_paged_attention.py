@@ -197,3 +197,20 @@ def test_a_query_gives_the_same_bits_as_decode_verify_row_or_in_any_batch(dtype:
                     assert torch.equal(batched[1], verify[j]), (context, j, threads)
             finally:
                 torch.set_num_threads(prev)
+
+
+@needs_cc
+def test_host_list_indices_are_checked_like_tensors() -> None:
+    """The batch layout as host lists (the backend's usual call) gets the same checks, in Python."""
+    kernel = paged_attention_kernel()
+    assert kernel is not None
+    tables = torch.zeros(2, 3, dtype=torch.int64)
+    lens = torch.tensor([4, 4])
+    with pytest.raises(ValueError, match="query rows"):
+        kernel.indices(tables, lens, [0, 1], [0, 3], [1, 2], num_rows=4)
+    with pytest.raises(ValueError, match="outside the tables"):
+        kernel.indices(tables, lens, [0, 2], [0, 1], [1, 1], num_rows=2)
+    with pytest.raises(ValueError, match="differ in length"):
+        kernel.indices(tables, lens, [0, 1], [0], [1, 1], num_rows=2)
+    ix = kernel.indices(tables, lens, [0, 1], [0, 1], [1, 1], num_rows=2)
+    assert ix.req.dtype == torch.int64 and ix.q_len.tolist() == [1, 1] and ix.num_reqs == 2

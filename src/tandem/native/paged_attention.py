@@ -57,16 +57,28 @@ class PagedAttentionKernel:
     def indices(
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
-        req: torch.Tensor,
-        q_start: torch.Tensor,
-        q_len: torch.Tensor,
+        req: torch.Tensor | list[int],
+        q_start: torch.Tensor | list[int],
+        q_len: torch.Tensor | list[int],
         num_rows: int,
     ) -> PagedAttentionIndices:
         """``block_tables`` ``[B, W]`` and ``seq_lens`` ``[B]`` (exact lengths) index batch rows;
         ``req``/``q_start``/``q_len`` ``[n]`` name the requests to attend (batch row, first query row,
-        query count) among ``num_rows`` query rows. Checked here, once per forward."""
+        query count) among ``num_rows`` query rows. Checked here, once per forward. The three may be host
+        lists (the usual case: the batch's layout is known on the host), checked in Python before they
+        become tensors, which saves the tensor reductions a check of tensors costs."""
         if block_tables.dim() != 2 or block_tables.stride(1) != 1:
             raise ValueError("paged attention kernel: block_tables must be [B, W] with dense rows")
+        if isinstance(req, list) and isinstance(q_start, list) and isinstance(q_len, list):
+            PagedAttentionKernel._check_rows(block_tables, seq_lens, req, q_start, q_len, num_rows)
+            i64 = torch.int64
+            req, q_start, q_len = (torch.tensor(v, dtype=i64) for v in (req, q_start, q_len))
+            if seq_lens.device.type != "cpu" or seq_lens.dtype != i64 or block_tables.dtype != i64:
+                raise ValueError("paged attention kernel: index tensors must be int64 on the CPU")
+            if seq_lens.dim() != 1 or not seq_lens.is_contiguous() or block_tables.device.type != "cpu":
+                raise ValueError("paged attention kernel: index vectors must be 1-D and contiguous")
+            return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows)
+        req, q_start, q_len = (torch.as_tensor(v) for v in (req, q_start, q_len))
         vectors = (seq_lens, req, q_start, q_len)
         for t in (block_tables, *vectors):
             if t.device.type != "cpu" or t.dtype != torch.int64:
@@ -76,12 +88,32 @@ class PagedAttentionKernel:
         if not (req.shape == q_start.shape == q_len.shape):
             raise ValueError("paged attention kernel: req, q_start and q_len differ in length")
         if req.shape[0]:
-            end = q_start + q_len
-            if int(q_start.min()) < 0 or int(q_len.min()) < 1 or int(end.max()) > num_rows:
-                raise ValueError(f"paged attention kernel: query rows outside [0, {num_rows})")
-            if int(req.min()) < 0 or int(req.max()) >= min(block_tables.shape[0], seq_lens.shape[0]):
-                raise ValueError("paged attention kernel: req names a row outside the tables")
+            PagedAttentionKernel._check_rows(
+                block_tables, seq_lens, [int(req.min()), int(req.max())], [int(q_start.min())],
+                [int(q_len.min())], num_rows, end=int((q_start + q_len).max()),
+            )  # fmt: skip
         return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows)
+
+    @staticmethod
+    def _check_rows(
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        req: list[int],
+        q_start: list[int],
+        q_len: list[int],
+        num_rows: int,
+        end: int | None = None,
+    ) -> None:
+        if end is None:
+            if not (len(req) == len(q_start) == len(q_len)):
+                raise ValueError("paged attention kernel: req, q_start and q_len differ in length")
+            end = max((s + n for s, n in zip(q_start, q_len)), default=0)
+        if not req:
+            return
+        if min(q_start) < 0 or min(q_len) < 1 or end > num_rows:
+            raise ValueError(f"paged attention kernel: query rows outside [0, {num_rows})")
+        if min(req) < 0 or max(req) >= min(block_tables.shape[0], seq_lens.shape[0]):
+            raise ValueError("paged attention kernel: req names a row outside the tables")
 
     def __call__(
         self,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -209,8 +210,9 @@ class DraftHeadProposer(Proposer):
         n_req = len(inp.states)
         seg_slot, seg_of_req = self._segments(inp)
         qsl = batch.query_start_loc
-        q_lens = torch.tensor([qsl[i + 1] - qsl[i] for i in range(batch.num_reqs)], device=device)
-        row_slot = torch.repeat_interleave(torch.tensor(seg_slot, device=device), q_lens)
+        row_slot = torch.tensor(
+            [seg_slot[s] for s in range(batch.num_reqs) for _ in range(qsl[s + 1] - qsl[s])], device=device
+        )
         # 1. Every row: (token at position + 1, target feature at position).
         ids = dev.tokens[row_slot, (batch.positions + 1).clamp(max=dev.trash)]
         feat = self.head.target_feature(inp.hidden_states, self.aux_hidden_layers)
@@ -221,49 +223,54 @@ class DraftHeadProposer(Proposer):
         accepted = (inp.sampled >= 0).sum(dim=1) - 1
         rows = torch.tensor([r[0] for r in inp.sample_rows], device=device) + accepted
         h = hidden.index_select(0, rows)
-        pos = batch.positions.index_select(0, rows)
         tok = self.head.draft_tokens(h)
-        drafts = [tok]
+        out = torch.full((n_req, k), -1, dtype=torch.int64, device=device)
+        out[:, 0] = tok
         if k > 1:
+            pos0 = batch.positions.index_select(0, rows)
             tables = dev.block_table.index_select(0, inp.slots)
             # Host upper bound of each start row's position + 1 (exact unless the step is unreconciled).
             upper = [batch.seq_lens[s] for s in seg_of_req]
+            chain = self._chain_slots(pos0, tables, max(upper) + k - 1, inp.max_drafts)
             for j in range(1, k):
-                pos = pos + 1
-                cb = self._chain_batch(tok, pos, tables, [u + j for u in upper], j < inp.max_drafts)
+                cb = ForwardBatch(
+                    input_ids=tok,
+                    positions=chain.positions[j - 1],
+                    slot_mapping=chain.slots[j - 1],
+                    block_tables=chain.tables,
+                    query_start_loc=list(range(n_req + 1)),
+                    seq_lens=[u + j for u in upper],
+                    seq_lens_dev=chain.positions[j - 1] + 1,
+                )
                 metadata = self.backend.build_metadata(cb, self.block_size)
-                h = self._head(tok, h, pos, metadata)
+                h = self._head(tok, h, cb.positions, metadata)
                 tok = self.head.draft_tokens(h)
-                drafts.append(tok)
-        out = torch.stack(drafts, dim=1)
+                out[:, j] = tok
         keep = torch.arange(k, device=device) < inp.max_drafts.unsqueeze(1)
-        return torch.where(keep, out, torch.full_like(out, -1))
+        return out.masked_fill_(~keep, -1)
 
-    def _chain_batch(
-        self,
-        tok: torch.Tensor,
-        pos: torch.Tensor,
-        tables: torch.Tensor,
-        seq_upper: list[int],
-        needed: torch.Tensor,
-    ) -> ForwardBatch:
-        """One row per request at device positions ``pos``; host lengths are upper bounds, the exact
-        ones travel on the device. Rows not ``needed`` write their KV to the trash block."""
-        bs = self.block_size
-        width = min(tables.shape[1], max(-(-u // bs) for u in seq_upper))
+    def _chain_slots(
+        self, pos0: torch.Tensor, tables: torch.Tensor, max_len: int, max_drafts: torch.Tensor
+    ) -> _ChainSlots:
+        """Positions and KV slots of the k - 1 chained rows of every request (``[k - 1, n]``, row j - 1
+        for chained step j), from each request's start position ``pos0`` on the device; ``max_len``: a
+        host upper bound of every chained row's position + 1. A row past a request's draft cap (not
+        needed) writes its KV to the trash block."""
+        bs, k = self.block_size, self.k
+        width = min(tables.shape[1], -(-max_len // bs))
         t = tables[:, :width]
-        block = t.gather(1, torch.div(pos, bs, rounding_mode="floor").clamp(max=width - 1).unsqueeze(1))
-        slot = block.squeeze(1) * bs + pos % bs
-        slot = torch.where(needed, slot, torch.full_like(slot, self.trash_slot))
-        return ForwardBatch(
-            input_ids=tok,
-            positions=pos,
-            slot_mapping=slot,
-            block_tables=t,
-            query_start_loc=list(range(len(seq_upper) + 1)),
-            seq_lens=seq_upper,
-            seq_lens_dev=pos + 1,
-        )
+        step = torch.arange(1, k, device=pos0.device).unsqueeze(1)  # [k - 1, 1]
+        pos = pos0.unsqueeze(0) + step  # [k - 1, n]
+        block = t.gather(1, torch.div(pos, bs, rounding_mode="floor").clamp(max=width - 1).T).T
+        slots = torch.where(step < max_drafts.unsqueeze(0), block * bs + pos % bs, self.trash_slot)
+        return _ChainSlots(pos.contiguous(), slots.contiguous(), t)
+
+
+@dataclass(frozen=True)
+class _ChainSlots:
+    positions: torch.Tensor  # [k - 1, n] int64
+    slots: torch.Tensor  # [k - 1, n] int64
+    tables: torch.Tensor  # [n, W] the requests' block tables, cut to the chained rows' width
 
 
 def resolve_head_path(config: SpeculativeConfig, target_checkpoint: Checkpoint | None) -> Path:

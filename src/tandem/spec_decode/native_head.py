@@ -48,6 +48,9 @@ class NativeHeadLayer:
             "qkv": head.qkv.detach(), "qkv_bias": None, "qk_norm": None, "o_proj": head.o_proj.detach(),
             "o_bias": None, "gate_up": self.gate_up, "down": head.down.detach(),
         }  # fmt: skip
+        # (cos, sin) pairs of every position as float32 rows: one gather per call.
+        table = head.rope_table
+        self.rot_table = torch.view_as_real(table).reshape(table.shape[0], head.head_dim).contiguous()
         self.table = kernel.layer_table(
             self.shape, [layer], kv_cache.k, kv_cache.v, in_width=head.qkv.shape[1]
         )
@@ -72,8 +75,7 @@ class NativeHeadLayer:
         """The layer's output ``[N, H]`` (a new tensor; ``residual`` is not modified)."""
         assert metadata.short is not None
         x = residual.clone(memory_format=torch.contiguous_format)
-        rows, hd = x.shape[0], self.head.head_dim
-        rot = torch.view_as_real(self.head.rope_table[positions]).reshape(rows, hd).contiguous()
+        rot = self.rot_table.index_select(0, positions)
         self.kernel.head_layer(
             self.shape, self.table, x, attn_in.contiguous(), rot, metadata.slot_mapping, metadata.short
         )

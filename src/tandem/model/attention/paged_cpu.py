@@ -77,13 +77,12 @@ class PagedCpuBackend(SdpaBackend):
             seq_lens = batch.seq_lens_dev
             if seq_lens is None:  # the host's lengths are exact
                 seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64)
-            starts = [qsl[i] for i in short]
             ix = self.kernel.indices(
                 batch.block_tables,
                 seq_lens.contiguous(),
-                torch.tensor(short, dtype=torch.int64),
-                torch.tensor(starts, dtype=torch.int64),
-                torch.tensor([qsl[i + 1] - qsl[i] for i in short], dtype=torch.int64),
+                short,
+                [qsl[i] for i in short],
+                [qsl[i + 1] - qsl[i] for i in short],
                 batch.num_tokens,
             )
         return PagedCpuMetadata(batch.slot_mapping, batch.num_tokens, ix, tuple(longs))
