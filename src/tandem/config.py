@@ -12,6 +12,7 @@ from typing import Any
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DRAFT_DTYPES = (*_DTYPES, "int8")
 _SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -104,7 +105,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     # draft_model: the draft model's dtype (auto: the target's). eagle / eagle3 / mtp: the head's own
-    # matrices (auto: bf16 under a float32 target on the native CPU kernels, else the target's dtype).
+    # matrices (auto: bf16 under a float32 target on the native CPU kernels, else the target's dtype;
+    # "int8": weight-only int8 with a scale per output feature, under a float32 target on those kernels).
     draft_dtype: str | None = None
     eagle3_layer_ids: tuple[int, ...] | None = None
 
@@ -129,8 +131,13 @@ class SpeculativeConfig:
                     f"speculative_config.prompt_lookup_min ({lo}) must not exceed "
                     f"prompt_lookup_max ({hi})"
                 )
-        if self.draft_dtype is not None and self.draft_dtype not in _DTYPES:
-            raise ValueError(f"speculative_config.draft_dtype must be one of {_DTYPES}")
+        if self.draft_dtype is not None and self.draft_dtype not in _DRAFT_DTYPES:
+            raise ValueError(f"speculative_config.draft_dtype must be one of {_DRAFT_DTYPES}")
+        if self.draft_dtype == "int8" and self.method not in ("eagle", "eagle3", "mtp"):
+            raise ValueError(
+                "speculative_config.draft_dtype 'int8' (weight-only, a draft head's matrices) applies to "
+                f"methods eagle, eagle3 and mtp, not {self.method!r}"
+            )
 
     @property
     def ngram_min(self) -> int:

@@ -46,7 +46,7 @@ def _proposer(targets: dict[str, Any], method: str, draft_dtype: str) -> DraftHe
     return p
 
 
-@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
 def test_native_layer_equals_torch_layer(targets: dict[str, Any], method: str, draft_dtype: str) -> None:
     p = _proposer(targets, method, draft_dtype)
@@ -73,8 +73,9 @@ def test_native_layer_equals_torch_layer(targets: dict[str, Any], method: str, d
     assert torch.equal(residual, res_before)  # the residual is not modified in place
     # bf16 weights: the native layer folds the post-attention gain into a bf16 copy of gate/up (one more
     # rounding of those weights than the torch layer, which scales the activations), so the outputs agree to
-    # bf16's precision; the K/V come from the same q/k/v weights in both and agree to float32's.
-    tol = 1e-5 if draft_dtype == "float32" else 3e-2
+    # bf16's precision; the K/V come from the same q/k/v weights in both and agree to float32's. int8: the
+    # folded gate/up is quantized afresh (its own int8 rounding, up to half a step of its scale).
+    tol = {"float32": 1e-5, "bfloat16": 3e-2, "int8": 6e-2}[draft_dtype]
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
     torch.testing.assert_close(k_cache, k_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(v_cache, v_ref, rtol=1e-5, atol=1e-6)
@@ -117,7 +118,40 @@ def test_head_layer_checks_its_inputs(targets: dict[str, Any]) -> None:
 def test_draft_dtype_validation(targets: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="draft_dtype 'float16'"):
         _proposer(targets, "eagle", "float16")
+    with pytest.raises(ValueError, match="'int8'.*eagle, eagle3 and mtp"):
+        SpeculativeConfig(method="draft_model", num_speculative_tokens=3, model="x", draft_dtype="int8")
+    with pytest.raises(ValueError, match="draft_dtype must be one of"):
+        SpeculativeConfig(method="eagle", num_speculative_tokens=3, draft_dtype="int4")
     auto = _proposer(targets, "mtp", "auto")
     assert auto.head.weight_dtype == torch.bfloat16  # the CPU default under a float32 target
     # MTP shares the target's LM head: it stays the target's tensor (float32), whatever the weights.
     assert auto.head.lm_head.dtype == torch.float32
+
+
+def test_int8_weights_quantize_the_layer_and_keep_the_fusion_in_bf16(targets: dict[str, Any]) -> None:
+    """``draft_dtype`` int8: the decoder layer's matrices (and the head's own LM head) are int8 with a scale
+    per output feature, each within half a step of the float32 head's; ``fc`` stays bf16 (rounding the
+    input fusion costs acceptance: see head.INT8_MATRICES); activations, norms and the KV stay float32."""
+    from tandem.model.quant import Int8Weight
+    from tandem.spec_decode.head import INT8_MATRICES
+
+    f32, q8 = _proposer(targets, "eagle3", "float32"), _proposer(targets, "eagle3", "int8")
+    assert q8.head.dtype == torch.float32 and q8.kv_cache.k[0].dtype == torch.float32
+    assert INT8_MATRICES == {"qkv", "o_proj", "gate_up", "down"}
+    for name in ("qkv", "o_proj", "gate_up", "down"):
+        w32, w8 = getattr(f32.head, name), getattr(q8.head, name)
+        assert isinstance(w8, Int8Weight) and w8.q.dtype == torch.int8, name
+        step = w8.scale.unsqueeze(1)
+        assert ((w8.dequantize() - w32.float()).abs() <= step / 2 + 1e-6).all(), name
+    assert q8.head.fc.dtype == torch.bfloat16 and torch.equal(q8.head.fc, f32.head.fc.to(torch.bfloat16))
+    assert isinstance(q8.head.lm_head, Int8Weight)  # eagle3's own draft LM head
+    with pytest.raises(ValueError, match="inference"):
+        q8.head.canonical_tensors()
+    # MTP shares the target's LM head: the same float32 tensor, never quantized.
+    mtp = _proposer(targets, "mtp", "int8")
+    assert isinstance(mtp.head.lm_head, torch.Tensor) and mtp.head.lm_head.dtype == torch.float32
+    # An int8 head drafts: three proposals from a verify step's rows, through the native layer.
+    batch = build_forward_batch([PagedRequest([7, 8, 9, 10], 20, [0, 1])], BS)
+    batch.attn_metadata = q8.backend.build_metadata(batch, BS)
+    h = q8._head(batch.input_ids, torch.randn(4, H), batch.positions, batch.attn_metadata)
+    assert torch.isfinite(h).all() and q8.head.draft_tokens(h).shape == (4,)

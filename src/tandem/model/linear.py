@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.model.quant import Int8Weight
 from tandem.native.small_linear import small_linear_kernel
 
 
@@ -195,7 +196,8 @@ class NativeLinear(OneDnnLinear):
     at 1 / 4 / 8 / 16 / 32 rows against torch's 16 / 60 / 117 / 229 / 453 (oneDNN has no bf16 on AVX2).
     So: up to ``FEW_ROWS`` rows always, and bf16 up to the kernel's limit where oneDNN lacks bf16.
     Mixed: a bf16 weight under float32 inputs (a drafter's matrices, ``speculative_config.draft_dtype``)
-    runs natively up to the kernel's row limit, on a widened copy beyond it.
+    runs natively up to the kernel's row limit, on a widened copy beyond it; so does an int8 one
+    (:class:`~tandem.model.quant.Int8Weight`, dequantized beyond it).
     Frozen CPU weights only (the kernel has no autograd).
     """
 
@@ -208,8 +210,8 @@ class NativeLinear(OneDnnLinear):
 
     @property
     def mixed_bf16(self) -> bool:
-        """Whether bf16 weights under float32 inputs run natively (:meth:`linear` accepts them at any row
-        count: beyond the kernel's rows on a widened copy)."""
+        """Whether bf16 (and int8) weights under float32 inputs run natively (:meth:`linear` accepts them
+        at any row count: beyond the kernel's rows on a widened / dequantized copy)."""
         return self._kernel is not None
 
     def _native_rows(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -240,8 +242,10 @@ class NativeLinear(OneDnnLinear):
         )
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+        self, x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if isinstance(weight, Int8Weight):
+            return self._int8(x, weight, bias=bias)
         if self._native_rows(x, weight) and (bias is None or bias.is_contiguous()):
             assert self._kernel is not None
             return self._kernel(x, weight, bias)
@@ -252,9 +256,26 @@ class NativeLinear(OneDnnLinear):
             return F.linear(x.float(), weight.float(), b).to(torch.bfloat16)
         return super().linear(x, weight, bias)
 
-    def linear_add(
-        self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
+    def _int8(
+        self, x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """An int8 weight (a drafter's, under float32 inputs): the kernel for few rows, else a float32
+        product on the dequantized matrix (a prefill chunk)."""
+        k = self._kernel
+        if k is not None and x.dim() == 2 and 1 <= x.shape[0] <= k.max_rows and x.dtype == torch.float32:
+            res = None if residual is None else residual.contiguous()
+            return k(x, weight.q, None if bias is None else bias.contiguous(), res, scale=weight.scale)
+        w = weight.dequantize(x.dtype)
+        if residual is not None:
+            return torch.addmm(residual, x, w.t())
+        return F.linear(x, w, bias)
+
+    def linear_add(
+        self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Int8Weight
+    ) -> torch.Tensor:
+        if isinstance(weight, Int8Weight):
+            return self._int8(x, weight, residual=residual)
         if self._native_rows(x, weight) and residual.dtype == x.dtype and residual.dim() == 2:
             assert self._kernel is not None
             return self._kernel(x, weight, None, residual.contiguous())

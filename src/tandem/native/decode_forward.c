@@ -20,17 +20,23 @@
 #include "gemv.h"
 #include "paged_attention.c"
 
-#define TANDEM_DECODE_FORWARD_ABI 2
+#define TANDEM_DECODE_FORWARD_ABI 3
 #define MAX_ROWS 8 /* short steps: one decode row, or a decode row and up to 7 drafts */
-#define LAYER_PTRS 9 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache */
+#define LAYER_PTRS 13 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the
+                        * int8 weights' scales (qkv, o_proj, gate_up, down; 0 otherwise) */
 
 typedef struct {
     int is_bf16; /* activations, KV cache and roundings */
-    int w_bf16;  /* weights: is_bf16, or bf16 under float32 activations (a draft head, tandem_head_layer) */
+    int wdt;     /* weights (gemv.h W_F32 / W_BF16): the activations' dtype, or bf16 under float32
+                  * activations (a draft head, tandem_head_layer); a matrix whose scale pointer is set is
+                  * int8 whatever this says */
     int64_t rows, hidden, heads, kv_heads, head_dim, inter;
     float eps_root, qk_eps, scale;
     int threads;
 } Shape;
+
+/* The dtype of the matrix whose scale pointer is ``scale``: int8 where it has scales, else the layer's. */
+static inline int matrix_dtype(const Shape *s, int64_t scale) { return scale ? W_INT8 : s->wdt; }
 
 static inline void store_elem(void *base, int64_t i, float v, int is_bf16) {
     if (is_bf16)
@@ -60,7 +66,9 @@ static int attention_inputs(const Shape *s, const int64_t *lp, const float *hin,
     const int64_t hd = s->head_dim, nqk = s->heads + s->kv_heads, width = (nqk + s->kv_heads) * hd;
     const void *w = (const void *)lp[0], *bias = (const void *)lp[1], *qk_norm = (const void *)lp[2];
     void *k_cache = (void *)lp[7], *v_cache = (void *)lp[8];
-    if (gemv_rows(hin, s->rows, in_width, w, width, s->w_bf16, qkv, width, s->threads)) return -2;
+    if (gemv_rows_w(hin, s->rows, in_width, w, (const float *)lp[9], width, matrix_dtype(s, lp[9]), qkv, width,
+                    s->threads))
+        return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         float *row = qkv + r * width;
         for (int64_t j = 0; j < width; j++)
@@ -100,12 +108,15 @@ static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *at
     const int64_t h = s->hidden, a = s->heads * s->head_dim, inter = s->inter;
     const void *o_w = (const void *)lp[3], *o_bias = (const void *)lp[4];
     for (int64_t i = 0; i < s->rows * a; i++) abuf[i] = load_elem(attn, i, bf);
-    if (gemv_rows(abuf, s->rows, a, o_w, h, s->w_bf16, hbuf, h, s->threads)) return -2;
+    if (gemv_rows_w(abuf, s->rows, a, o_w, (const float *)lp[10], h, matrix_dtype(s, lp[10]), hbuf, h, s->threads))
+        return -2;
     for (int64_t r = 0; r < s->rows; r++)
         for (int64_t i = 0; i < h; i++)
             x[r * h + i] = round_to(x[r * h + i] + hbuf[r * h + i] + (o_bias ? load_elem(o_bias, i, bf) : 0.0f), bf);
     unit_rms_rows(s, x, hbuf);
-    if (gemv_rows(hbuf, s->rows, h, (const void *)lp[5], 2 * inter, s->w_bf16, gu, 2 * inter, s->threads)) return -2;
+    if (gemv_rows_w(hbuf, s->rows, h, (const void *)lp[5], (const float *)lp[11], 2 * inter, matrix_dtype(s, lp[11]),
+                    gu, 2 * inter, s->threads))
+        return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         const float *g = gu + r * 2 * inter, *u = g + inter;
         for (int64_t i = 0; i < inter; i++) {
@@ -114,7 +125,9 @@ static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *at
             act[r * inter + i] = round_to(silu * round_to(u[i], bf), bf);
         }
     }
-    if (gemv_rows(act, s->rows, inter, (const void *)lp[6], h, s->w_bf16, hbuf, h, s->threads)) return -2;
+    if (gemv_rows_w(act, s->rows, inter, (const void *)lp[6], (const float *)lp[12], h, matrix_dtype(s, lp[12]), hbuf,
+                    h, s->threads))
+        return -2;
     for (int64_t i = 0; i < s->rows * h; i++) x[i] = round_to(x[i] + hbuf[i], bf);
     return 0;
 }
@@ -135,7 +148,8 @@ int tandem_decode_forward(
     const int64_t *q_start, const int64_t *q_len, int64_t num_reqs, float scale, const int64_t *aux,
     int num_threads) {
     if (rows < 1 || rows > MAX_ROWS) return -1;
-    const Shape s = {is_bf16, is_bf16, rows, hidden, heads, kv_heads, head_dim, inter, eps_root, qk_eps, scale, num_threads};
+    const Shape s = {is_bf16, is_bf16 ? W_BF16 : W_F32, rows, hidden, heads, kv_heads, head_dim, inter, eps_root,
+                     qk_eps, scale, num_threads};
     const int64_t a = heads * head_dim, width = (heads + 2 * kv_heads) * head_dim;
     const int64_t wide = hidden > a ? hidden : a;
     const size_t floats = (size_t)(rows * (hidden + 2 * wide + width + 3 * inter));
@@ -169,16 +183,17 @@ int tandem_decode_forward(
  * input is a fusion of the token's embedding and a feature rather than the norm of the residual stream.
  * x: [rows, hidden] the residual stream (float32 or bf16, is_bf16), updated in place; attn_in:
  * [rows, in_width] float32 or bf16 like x, the layer's attention input (the head computed and normed it);
- * the weights (w_bf16: bf16 under float32 activations, else the activations' dtype) as in
- * tandem_decode_forward, the gate/up gain folded in; one layer's pointers. Returns as tandem_decode_forward. */
+ * the weights (wdt, gemv.h W_F32 / W_BF16: the activations' dtype, or bf16 under float32 activations;
+ * any matrix with scales int8) as in tandem_decode_forward, the gate/up gain folded in; one layer's pointers. Returns as
+ * tandem_decode_forward. */
 int tandem_head_layer(
-    int is_bf16, int w_bf16, const int64_t *layer_ptrs, void *x, const void *attn_in, int64_t in_width,
+    int is_bf16, int wdt, const int64_t *layer_ptrs, void *x, const void *attn_in, int64_t in_width,
     int64_t rows, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter,
     float eps_root, const float *rot, const int64_t *slots, int64_t num_blocks, int64_t block_size,
     const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens, const int64_t *req,
     const int64_t *q_start, const int64_t *q_len, int64_t num_reqs, float scale, int num_threads) {
     if (rows < 1 || rows > MAX_ROWS) return -1;
-    const Shape s = {is_bf16, w_bf16, rows, hidden, heads, kv_heads, head_dim, inter, eps_root, 0.0f, scale, num_threads};
+    const Shape s = {is_bf16, wdt, rows, hidden, heads, kv_heads, head_dim, inter, eps_root, 0.0f, scale, num_threads};
     const int64_t a = heads * head_dim, width = (heads + 2 * kv_heads) * head_dim;
     const int64_t wide = hidden > a ? hidden : a;
     const size_t floats = (size_t)(rows * (hidden + 2 * wide + in_width + width + 3 * inter));

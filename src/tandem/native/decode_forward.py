@@ -15,11 +15,15 @@ from dataclasses import dataclass
 import torch
 
 from tandem import native
+from tandem.model.quant import Int8Weight
 from tandem.native.paged_attention import PagedAttentionIndices
-from tandem.native.small_linear import DTYPES, check_dense
+from tandem.native.small_linear import DTYPES, W_DTYPES, check_dense
 
-_ABI = 2
-LAYER_PTRS = 9  # qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache
+_ABI = 3
+# qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the int8 weights' scales
+# (qkv, o_proj, gate_up, down; 0 for other weights)
+LAYER_PTRS = 13
+_MATRICES = ("qkv", "o_proj", "gate_up", "down")
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _FORWARD_ARGS = [
     ctypes.c_int, _i64, _ptr, _ptr, _i64, _i64,  # is_bf16, num_layers, layer_ptrs, x, rows, hidden
@@ -29,7 +33,7 @@ _FORWARD_ARGS = [
     _ptr, _ptr, _i64, _f32, _ptr, ctypes.c_int,  # q_start, q_len, num_reqs, scale, aux, threads
 ]  # fmt: skip
 _HEAD_ARGS = [
-    ctypes.c_int, ctypes.c_int, _ptr, _ptr, _ptr, _i64,  # is_bf16, w_bf16, layer_ptrs, x, attn_in, in_width
+    ctypes.c_int, ctypes.c_int, _ptr, _ptr, _ptr, _i64,  # is_bf16, wdt, layer_ptrs, x, attn_in, in_width
     _i64, _i64, _i64, _i64, _i64, _i64, _f32,  # rows, hidden, heads, kv_heads, head_dim, inter, eps_root
     _ptr, _ptr, _i64, _i64,  # rot, slots, num_blocks, block_size
     _ptr, _i64, _ptr, _ptr,  # block_tables, bt_stride, seq_lens, req
@@ -61,6 +65,12 @@ class LayerTable:
     num_blocks: int
     block_size: int
     weight_dtype: torch.dtype | None = None  # None: ``dtype``
+    qkv_in: int = 0  # the qkv product's input width
+
+    @property
+    def int8(self) -> bool:
+        """Whether any matrix is int8 (has scales)."""
+        return bool(self.ptrs[:, LAYER_PTRS - len(_MATRICES) :].any())
 
     @property
     def weights(self) -> torch.dtype:
@@ -84,7 +94,7 @@ class DecodeForwardKernel:
     @staticmethod
     def layer_table(
         shape: StackShape,
-        layers: Sequence[dict[str, torch.Tensor | None]],
+        layers: Sequence[dict[str, torch.Tensor | Int8Weight | None]],
         k_caches: Sequence[torch.Tensor],
         v_caches: Sequence[torch.Tensor],
         in_width: int | None = None,
@@ -92,10 +102,13 @@ class DecodeForwardKernel:
         """Check every layer's weights (``qkv``, ``qkv_bias``, ``qk_norm``, ``o_proj``, ``o_bias``,
         ``gate_up``, ``down``; biases and norms may be ``None``) and caches; return their addresses.
         ``in_width``: the qkv product's input width (a head layer's attention input; default hidden).
-        The weights share one dtype; the caches (and ``LayerTable.dtype``) may be float32 under bf16
-        weights (a head layer)."""
+        The weights share one dtype (``LayerTable.weight_dtype``), except that under float32
+        activations any of the four matrices may be int8 (:class:`Int8Weight`; its scales addressed
+        after the caches); the caches (and ``LayerTable.dtype``) may be float32 under bf16 weights (a
+        head layer)."""
         s = shape
-        dtype = layers[0]["qkv"].dtype  # type: ignore[union-attr]
+        plain = [lw[n] for lw in layers for n in _MATRICES if not isinstance(lw[n], Int8Weight)]
+        dtype = plain[0].dtype if plain else torch.bfloat16  # type: ignore[union-attr]
         if dtype not in DTYPES:
             raise ValueError(f"native decode: dtype {dtype} not in {DTYPES}")
         width, attn = (s.heads + 2 * s.kv_heads) * s.head_dim, s.heads * s.head_dim
@@ -110,7 +123,7 @@ class DecodeForwardKernel:
             raise ValueError(f"native decode: cache shape {cache_shape} for {s.kv_heads}x{s.head_dim}")
         rows, keep = [], []
         for i, lw in enumerate(layers):
-            row = []
+            row, scales = [], {n: 0 for n in _MATRICES}
             for name, want in shapes.items():
                 t = lw[name]
                 if t is None:
@@ -118,22 +131,29 @@ class DecodeForwardKernel:
                         row.append(0)
                         continue
                     raise ValueError(f"native decode: layer {i} has no {name}")
-                check_dense(t, want, dtype, f"layer {i} {name}")
+                t_dtype = dtype if name in _MATRICES else k_caches[0].dtype
+                if isinstance(t, Int8Weight):
+                    if name not in _MATRICES or k_caches[0].dtype != torch.float32:
+                        raise ValueError(f"native decode: layer {i} {name}: int8 only for matrices, float32 activations")
+                    check_dense(t.scale, want[:1], torch.float32, f"layer {i} {name} scale")
+                    scales[name] = t.scale.data_ptr()
+                    keep.append(t.scale)
+                    t, t_dtype = t.q, torch.int8
+                check_dense(t, want, t_dtype, f"layer {i} {name}")
                 row.append(t.data_ptr())
                 keep.append(t)
             for name, cache in (("k cache", k_caches[i]), ("v cache", v_caches[i])):
                 check_dense(cache, cache_shape, k_caches[0].dtype, f"layer {i} {name}")
                 row.append(cache.data_ptr())
                 keep.append(cache)
-            rows.append(row)
+            rows.append(row + list(scales.values()))
         ptrs = torch.tensor(rows, dtype=torch.int64)
-        if k_caches[0].dtype != dtype:
-            if (k_caches[0].dtype, dtype) != (torch.float32, torch.bfloat16):
-                raise ValueError(f"native decode: {dtype} weights over a {k_caches[0].dtype} cache")
-            if any(lw.get(n) is not None for lw in layers for n in ("qkv_bias", "qk_norm", "o_bias")):
-                # The C code reads biases and norms in the activations' dtype.
-                raise ValueError("native decode: bf16 weights over float32 activations take no biases or q/k norms")
-        return LayerTable(ptrs, tuple(keep), k_caches[0].dtype, cache_shape[0], cache_shape[1], dtype)
+        if k_caches[0].dtype != dtype and (k_caches[0].dtype, dtype) != (torch.float32, torch.bfloat16):
+            raise ValueError(f"native decode: {dtype} weights over a {k_caches[0].dtype} cache")
+        # (biases and norms are checked in the activations' dtype, the one the C code reads them in)
+        return LayerTable(
+            ptrs, tuple(keep), k_caches[0].dtype, cache_shape[0], cache_shape[1], dtype, shapes["qkv"][1]
+        )
 
     def __call__(
         self,
@@ -149,7 +169,7 @@ class DecodeForwardKernel:
         ``rotations``: ``[T, head_dim]`` float32 (cos, sin) pairs; ``slot_mapping`` ``[T]`` int64;
         ``aux[i]``: a ``[T, hidden]`` tensor to receive the stream after layer ``i``, or ``None``."""
         s, rows = shape, x.shape[0]
-        if table.weights != table.dtype:
+        if table.weights != table.dtype or table.int8:
             raise ValueError("native decode: the stack needs weights in the activations' dtype")
         if not 1 <= rows <= self.max_rows or rows != ix.num_rows:
             raise ValueError(f"native decode: {rows} rows (at most {self.max_rows}, indices {ix.num_rows})")
@@ -198,13 +218,13 @@ class DecodeForwardKernel:
         in_width = attn_in.shape[1] if attn_in.dim() == 2 else -1
         check_dense(x, (rows, s.hidden), table.dtype, "x")
         check_dense(attn_in, (rows, in_width), table.dtype, "attn_in")
-        if table.tensors[0].shape[1] != in_width:
-            raise ValueError(f"native head layer: attn_in width {in_width}, qkv takes {table.tensors[0].shape[1]}")
+        if table.qkv_in != in_width:
+            raise ValueError(f"native head layer: attn_in width {in_width}, qkv takes {table.qkv_in}")
         check_dense(rotations, (rows, s.head_dim), torch.float32, "rotations")
         check_dense(slot_mapping, (rows,), torch.int64, "slot_mapping")
         bt = ix.block_tables
         rc = self._head_fn(
-            int(table.dtype == torch.bfloat16), int(table.weights == torch.bfloat16), table.ptrs.data_ptr(),
+            int(table.dtype == torch.bfloat16), W_DTYPES[table.weights], table.ptrs.data_ptr(),  # int8: by scales
             x.data_ptr(), attn_in.data_ptr(), in_width, rows, s.hidden, s.heads, s.kv_heads, s.head_dim,
             s.inter, s.eps_root, rotations.data_ptr(), slot_mapping.data_ptr(), table.num_blocks,
             table.block_size, bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(), ix.req.data_ptr(),

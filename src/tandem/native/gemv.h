@@ -21,14 +21,25 @@
 #define GEMV_MAX_ROWS 64 /* gemv_rows' limit */
 #define PF_BYTES 4096    /* software prefetch distance along a weight stream (measured best, 2-16 KB) */
 
-/* acc[r * ot + j] = sum_i x[r][i] * w[o + j][i] for the tile's nj <= ot features (ot: the tile width). */
+/* Weight dtypes of gemv_rows: float32, bf16, or int8 with one float32 scale per output feature
+ * (w[o][i] = scale[o] * q[o][i]: a drafter's weights, speculative_config.draft_dtype "int8"). */
+#define W_F32 0
+#define W_BF16 1
+#define W_INT8 2
+
+static inline float load_weight(const void *w, int64_t i, int wdt) {
+    return wdt == W_INT8 ? (float)((const int8_t *)w)[i] : load_elem(w, i, wdt == W_BF16);
+}
+
+/* acc[r * ot + j] = sum_i x[r][i] * w[o + j][i] for the tile's nj <= ot features (ot: the tile width);
+ * int8: the sum over the quantized values (the caller applies the scale). */
 static void tile_portable(const float *xf, int64_t rows, int64_t in, const void *w, int64_t o,
-                          int64_t nj, int64_t ot, int is_bf16, float *acc) {
+                          int64_t nj, int64_t ot, int wdt, float *acc) {
     for (int64_t j = 0; j < nj; j++) {
         for (int64_t r = 0; r < rows; r++) {
             const float *xr = xf + r * in;
             float s = 0.0f;
-            for (int64_t i = 0; i < in; i++) s += xr[i] * load_elem(w, (o + j) * in + i, is_bf16);
+            for (int64_t i = 0; i < in; i++) s += xr[i] * load_weight(w, (o + j) * in + i, wdt);
             acc[r * ot + j] = s;
         }
     }
@@ -148,6 +159,65 @@ static void tile_avx2_bf16(const float *xp, int64_t rows, int64_t in, const void
     }
 }
 
+/* int8 weights, 16 at a time: sign-extended to int32 and converted to float32 in registers, 8 per half;
+ * each (row, feature) sums into two accumulators (low, high half). */
+#define DEFINE_TILE_I8(ROWS, OT)                                                                        \
+    static void tile_i8_##ROWS##x##OT(const float *xf, int64_t in, const void *w, int64_t o, float *acc) { \
+        __m256 al[ROWS][OT], ah[ROWS][OT];                                                              \
+        for (int r = 0; r < ROWS; r++)                                                                  \
+            for (int j = 0; j < OT; j++) al[r][j] = ah[r][j] = _mm256_setzero_ps();                     \
+        for (int64_t i = 0; i < in; i += 16) {                                                          \
+            for (int j = 0; j < OT; j++) {                                                              \
+                const int8_t *src = (const int8_t *)w + (o + j) * in + i;                               \
+                _mm_prefetch((const char *)src + PF_BYTES, _MM_HINT_T0);                                \
+                const __m128i v = _mm_loadu_si128((const __m128i *)src);                                \
+                const __m256 wl = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));                          \
+                const __m256 wh = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));       \
+                for (int r = 0; r < ROWS; r++) {                                                        \
+                    al[r][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xf + r * in + i), wl, al[r][j]);         \
+                    ah[r][j] = _mm256_fmadd_ps(_mm256_loadu_ps(xf + r * in + i + 8), wh, ah[r][j]);     \
+                }                                                                                       \
+            }                                                                                           \
+        }                                                                                               \
+        for (int r = 0; r < ROWS; r++)                                                                  \
+            for (int j = 0; j < OT; j++) acc[r * OT + j] = hsum8(_mm256_add_ps(al[r][j], ah[r][j]));    \
+    }
+DEFINE_TILE_I8(1, 4)
+DEFINE_TILE_I8(1, 2)
+DEFINE_TILE_I8(2, 2)
+DEFINE_TILE_I8(3, 2)
+DEFINE_TILE_I8(4, 1)
+
+/* Row groups: four at a time one feature per pass (each int8 vector converted once for four rows), then
+ * the rest (1-3 rows) two features per pass. */
+static void tile_avx2_i8(const float *xf, int64_t rows, int64_t in, const void *w, int64_t o, float *acc) {
+    if (rows == 1) {
+        tile_i8_1x4(xf, in, w, o, acc);
+        return;
+    }
+    float part[4 * 2];
+    int64_t r0 = 0;
+    for (; rows - r0 >= 4; r0 += 4) {
+        float one[4];
+        for (int j = 0; j < 2; j++) {
+            tile_i8_4x1(xf + r0 * in, in, w, o + j, one);
+            for (int r = 0; r < 4; r++) part[r * 2 + j] = one[r];
+        }
+        memcpy(acc + r0 * 2, part, 8 * sizeof(float));
+    }
+    for (; r0 < rows; r0 += 3) {
+        const int64_t n = rows - r0 < 3 ? rows - r0 : 3;
+        const float *x0 = xf + r0 * in;
+        if (n == 1)
+            tile_i8_1x2(x0, in, w, o, part);
+        else if (n == 2)
+            tile_i8_2x2(x0, in, w, o, part);
+        else
+            tile_i8_3x2(x0, in, w, o, part);
+        memcpy(acc + r0 * 2, part, (size_t)(n * 2) * sizeof(float));
+    }
+}
+
 /* dst: each 16-element block of each row of x as its 8 even then its 8 odd elements (in % 16 == 0). */
 static void split_pairs(const float *x, int64_t rows, int64_t in, float *dst) {
     for (int64_t r = 0; r < rows; r++)
@@ -168,19 +238,20 @@ static inline float round_to(float v, int is_bf16) {
     return bf16_to_f32(f32_to_bf16(v));
 }
 
-/* yf[r * ldy + o] = sum_i xf[r * in + i] * w[o * in + i] for r < rows <= GEMV_MAX_ROWS, o < out.
+/* yf[r * ldy + o] = sum_i xf[r * in + i] * w[o * in + i] for r < rows <= GEMV_MAX_ROWS, o < out; the
+ * weight in dtype wdt (W_F32, W_BF16, or W_INT8 with scale[out]: the sum over q times scale[o]).
  * bf16 weights are widened in registers for every row group (tile_avx2_bf16). Widening each tile once
  * into a float32 buffer and running the float32 tiles over it was slower at every row count 3-64 on
  * this AVX2 CPU (benchmarks/bench_gemv.py; BENCHMARKS.md section 12), so there is no such path.
  * Returns 0, or -2 when scratch memory could not be allocated. */
-static int gemv_rows(const float *xf, int64_t rows, int64_t in, const void *w, int64_t out, int is_bf16,
-                     float *yf, int64_t ldy, int num_threads) {
+static int gemv_rows_w(const float *xf, int64_t rows, int64_t in, const void *w, const float *scale,
+                       int64_t out, int wdt, float *yf, int64_t ldy, int num_threads) {
     const int64_t ot = tile_width(rows), tiles = (out + ot - 1) / ot;
-    const int vec = HAVE_AVX2 && in % (is_bf16 ? 16 : 8) == 0;
+    const int vec = HAVE_AVX2 && in % (wdt == W_F32 ? 8 : 16) == 0;
     const float *xv = xf;
     float *split = NULL;
 #if HAVE_AVX2
-    if (vec && is_bf16) {
+    if (vec && wdt == W_BF16) {
         split = malloc((size_t)(rows * in) * sizeof(float));
         if (!split) return -2;
         split_pairs(xf, rows, in, split);
@@ -192,17 +263,26 @@ static int gemv_rows(const float *xf, int64_t rows, int64_t in, const void *w, i
         const int64_t o = t * ot, nj = out - o < ot ? out - o : ot;
         float acc[GEMV_MAX_ROWS * 4];
 #if HAVE_AVX2
-        if (vec && nj == ot && is_bf16)
+        if (vec && nj == ot && wdt == W_BF16)
             tile_avx2_bf16(xv, rows, in, w, o, acc);
+        else if (vec && nj == ot && wdt == W_INT8)
+            tile_avx2_i8(xv, rows, in, w, o, acc);
         else if (vec && nj == ot)
             tile_avx2_f32(xv, rows, in, w, o, acc);
         else
 #endif
-            tile_portable(xf, rows, in, w, o, nj, ot, is_bf16, acc);
+            tile_portable(xf, rows, in, w, o, nj, ot, wdt, acc);
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t j = 0; j < nj; j++) yf[r * ldy + o + j] = acc[r * ot + j];
+            for (int64_t j = 0; j < nj; j++)
+                yf[r * ldy + o + j] = wdt == W_INT8 ? acc[r * ot + j] * scale[o + j] : acc[r * ot + j];
     }
     free(split);
     return 0;
+}
+
+/* gemv_rows_w for a float32 or bf16 weight (is_bf16). */
+static int gemv_rows(const float *xf, int64_t rows, int64_t in, const void *w, int64_t out, int is_bf16,
+                     float *yf, int64_t ldy, int num_threads) {
+    return gemv_rows_w(xf, rows, in, w, NULL, out, is_bf16 ? W_BF16 : W_F32, yf, ldy, num_threads);
 }
 #endif

@@ -1,6 +1,6 @@
 """Python side of ``small_linear.c``: ``y = x @ w^T (+ bias) (+ residual)`` for a few rows, with the
-argument checks the C code relies on (CPU tensors of one dtype — or a bf16 weight under float32 inputs —,
-dense rows, the row limit)."""
+argument checks the C code relies on (CPU tensors of one dtype — or a bf16 weight, or an int8 one with a
+scale per output feature, under float32 inputs —, dense rows, the row limit)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import torch
 
 from tandem import native
 
-_ABI = 2
+_ABI = 3
 DTYPES = (torch.float32, torch.bfloat16)
+W_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # gemv.h's W_F32, W_BF16, W_INT8
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _LINEAR_ARGS = [
-    ctypes.c_int, ctypes.c_int, _ptr, _i64, _i64,  # is_bf16, w_bf16, x, x_stride, rows
-    _ptr, _i64, _i64,  # w, out, in
+    ctypes.c_int, ctypes.c_int, _ptr, _i64, _i64,  # is_bf16, wdt, x, x_stride, rows
+    _ptr, _ptr, _i64, _i64,  # w, scale, out, in
     _ptr, _ptr, _i64, _ptr, _i64, ctypes.c_int,  # bias, residual, res_stride, y, y_stride, threads
 ]  # fmt: skip
 
@@ -34,11 +35,13 @@ def check_dense(t: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, what:
 
 class SmallLinearKernel:
     """``y = x @ w^T (+ bias) (+ residual)`` for 1 .. :attr:`max_rows` rows; float32 or bf16, or float32
-    inputs with a bf16 weight (:meth:`accepts`)."""
+    inputs with a bf16 weight, or an int8 one with ``scale`` (:meth:`accepts`)."""
 
     @staticmethod
     def accepts(x_dtype: torch.dtype, w_dtype: torch.dtype) -> bool:
-        return x_dtype in DTYPES and (w_dtype == x_dtype or (x_dtype, w_dtype) == (torch.float32, torch.bfloat16))
+        if x_dtype not in DTYPES:
+            return False
+        return w_dtype == x_dtype or (x_dtype == torch.float32 and w_dtype in (torch.bfloat16, torch.int8))
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         if lib.tandem_small_linear_abi() != _ABI:
@@ -55,11 +58,17 @@ class SmallLinearKernel:
         weight: torch.Tensor,
         bias: torch.Tensor | None = None,
         residual: torch.Tensor | None = None,
+        scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``scale`` [out] float32: an int8 weight's per-feature scales (required with one, else None)."""
         rows, (out, inp) = x.shape[0], weight.shape
         dtype = x.dtype
         if not self.accepts(dtype, weight.dtype) or x.dim() != 2 or x.shape[1] != inp:
             raise ValueError(f"small linear: x {x.dtype} {tuple(x.shape)}, weight {weight.dtype} {(out, inp)}")
+        if (weight.dtype == torch.int8) != (scale is not None):
+            raise ValueError("small linear: an int8 weight needs its scale, and only an int8 weight takes one")
+        if scale is not None:
+            check_dense(scale, (out,), torch.float32, "scale")
         if not 1 <= rows <= self.max_rows:
             raise ValueError(f"small linear: {rows} rows, at most {self.max_rows}")
         if x.device.type != "cpu" or weight.device.type != "cpu" or not weight.is_contiguous():
@@ -74,8 +83,8 @@ class SmallLinearKernel:
             raise ValueError(f"small linear: residual {tuple(residual.shape)} for {(rows, out)}")
         y = torch.empty(rows, out, dtype=dtype)
         rc = self._fn(
-            int(dtype == torch.bfloat16), int(weight.dtype == torch.bfloat16), x.data_ptr(), x.stride(0),
-            rows, weight.data_ptr(), out, inp,
+            int(dtype == torch.bfloat16), W_DTYPES[weight.dtype], x.data_ptr(), x.stride(0),
+            rows, weight.data_ptr(), None if scale is None else scale.data_ptr(), out, inp,
             None if bias is None else bias.data_ptr(),
             None if residual is None else residual.data_ptr(),
             0 if residual is None else residual.stride(0), y.data_ptr(), y.stride(0),

@@ -31,6 +31,7 @@ from tandem.config import SpeculativeConfig
 from tandem.model.attention import AttentionBackend
 from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.loader import Checkpoint
+from tandem.model.quant import Int8Weight
 from tandem.model.transformer import CausalLM
 from tandem.spec_decode.eagle_checkpoint import HeadConfig, check_against_target, load_eagle_head
 from tandem.spec_decode.head import Attend, DraftHead
@@ -94,20 +95,21 @@ def head_weight_dtype(config: SpeculativeConfig, target: CausalLM) -> torch.dtyp
     ``None`` / ``"auto"``: bf16 under a float32 target where the native CPU kernels take the mixed
     product — a draft pass is a few one-row products, bound by the bytes they stream, and drafts only
     propose (the target verifies every token exactly), so half the bytes cost at most a little
-    acceptance — else the target's dtype. An explicit dtype must be the target's, or bf16 under a
-    float32 target with those kernels."""
+    acceptance — else the target's dtype. An explicit dtype must be the target's, or bf16 / int8
+    (weight-only, a scale per output feature) under a float32 target with those kernels."""
     from tandem.worker.worker import DTYPES  # the dtype names (as draft_model reads them)
 
     want = config.draft_dtype
     mixed = target.dtype == torch.float32 and getattr(target.linear, "mixed_bf16", False)
     if want in (None, "auto"):
         return torch.bfloat16 if mixed else target.dtype
-    dtype = DTYPES[want]
-    if dtype == target.dtype or (dtype == torch.bfloat16 and mixed):
+    dtype = torch.int8 if want == "int8" else DTYPES[want]
+    if dtype == target.dtype or (dtype in (torch.bfloat16, torch.int8) and mixed):
         return dtype
     raise ValueError(
         f"speculative_config.draft_dtype {want!r} for method {config.method!r}: a draft head's weights take "
-        f"the target's dtype ({target.dtype}) or bfloat16 under a float32 target on the native CPU kernels"
+        f"the target's dtype ({target.dtype}), or bfloat16 or int8 under a float32 target on the native "
+        "CPU kernels"
     )
 
 
@@ -155,7 +157,8 @@ class DraftHeadProposer(Proposer):
         )
         wdtype = head_weight_dtype(config, target)
         if wdtype != target.dtype and not _shares_storage(lm_head, target.lm_head):
-            lm_head = lm_head.to(wdtype)  # the head's own (or gathered) rows; a shared view stays shared
+            # the head's own (or gathered) rows; a shared view stays shared
+            lm_head = Int8Weight.quantize(lm_head) if wdtype == torch.int8 else lm_head.to(wdtype)
         head = DraftHead(
             cfg, tensors, embed=embed, lm_head=lm_head, draft_map=draft_map, dtype=target.dtype,
             device=target.device, linear=target.linear, weight_dtype=wdtype,

@@ -9,8 +9,9 @@ torch layer (:meth:`DraftHead.layer`) is the reference the tests compare with.
 
 Applies to short steps on the CPU paged attention backend (at most the kernel's row limit: decodes,
 verify rows, the chained draft rows); prefill chunks take the torch layer. The weights it reads are the
-head's own (bf16 or float32, see ``speculative_config.draft_dtype``), with the post-attention norm's
-gain (times sqrt(hidden)) folded into a copy of gate/up, as the target's layers fold theirs.
+head's own (float32, bf16 or int8, see ``speculative_config.draft_dtype``), with the post-attention norm's
+gain (times sqrt(hidden)) folded into a copy of gate/up, as the target's layers fold theirs (int8: the
+folded float matrix quantized afresh, not the head's quantized one rescaled).
 ``TANDEM_NATIVE_DECODE=0`` (or ``TANDEM_NATIVE=0``) turns it off.
 """
 
@@ -22,6 +23,7 @@ import torch
 
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
 from tandem.model.forward_batch import KVCache
+from tandem.model.quant import Int8Weight
 from tandem.model.native_decode import native_decode_enabled, short_paged_step
 from tandem.native.decode_forward import DTYPES, DecodeForwardKernel, StackShape, decode_forward_kernel
 from tandem.spec_decode.head import DraftHead
@@ -43,10 +45,18 @@ class NativeHeadLayer:
         )
         with torch.no_grad():
             gain = head.post_norm.float() * hidden**0.5
-            self.gate_up = (head.gate_up.float() * gain).to(head.weight_dtype).contiguous()
+            if isinstance(head.gate_up, Int8Weight):
+                assert head.gate_up_source is not None
+                self.gate_up: torch.Tensor | Int8Weight = Int8Weight.quantize(head.gate_up_source * gain)
+            else:
+                self.gate_up = (head.gate_up.float() * gain).to(head.gate_up.dtype).contiguous()
+
+        def weight(w: torch.Tensor | Int8Weight) -> torch.Tensor | Int8Weight:
+            return w if isinstance(w, Int8Weight) else w.detach()
+
         layer = {
-            "qkv": head.qkv.detach(), "qkv_bias": None, "qk_norm": None, "o_proj": head.o_proj.detach(),
-            "o_bias": None, "gate_up": self.gate_up, "down": head.down.detach(),
+            "qkv": weight(head.qkv), "qkv_bias": None, "qk_norm": None, "o_proj": weight(head.o_proj),
+            "o_bias": None, "gate_up": self.gate_up, "down": weight(head.down),
         }  # fmt: skip
         # (cos, sin) pairs of every position as float32 rows: one gather per call.
         table = head.rope_table
@@ -61,7 +71,7 @@ class NativeHeadLayer:
         switched off, no compiler, a head with biases or per-head norms this kernel does not take)."""
         if not native_decode_enabled() or head.device.type != "cpu" or head.dtype not in DTYPES:
             return None
-        if head.weight_dtype not in DTYPES or kv_cache.k[0].dtype != head.dtype:
+        if head.weight_dtype not in (*DTYPES, torch.int8) or kv_cache.k[0].dtype != head.dtype:
             return None
         kernel = decode_forward_kernel()
         return None if kernel is None else cls(head, kv_cache, kernel)
