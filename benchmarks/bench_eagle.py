@@ -35,13 +35,22 @@ from tandem import LLM, SamplingParams  # noqa: E402
 METHODS = ("eagle", "eagle3", "mtp")
 
 
-def spec(method: str, k: int, draft_dtype: str | None = None) -> dict[str, Any] | None:
-    if method == "none":
+def spec(arm: str, k: int, draft_dtype: str | None = None) -> dict[str, Any] | None:
+    """An arm is a method, optionally with its own draft dtype after a colon (``eagle:int8``)."""
+    if arm == "none":
         return None
+    method, _, own = arm.partition(":")
     out: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
-    if draft_dtype is not None:
-        out["draft_dtype"] = draft_dtype
+    if own or draft_dtype is not None:
+        out["draft_dtype"] = own or draft_dtype
     return out
+
+
+def _arm(value: str) -> str:
+    method, _, dtype = value.partition(":")
+    if method not in METHODS or dtype not in ("", "auto", "float32", "bfloat16", "int8"):
+        raise argparse.ArgumentTypeError(f"{value!r}: a method of {METHODS}, optionally :auto|float32|bfloat16|int8")
+    return value
 
 
 def _arm_result(m: str, e2e: float, n_dec: int, t_dec: float, s: dict[str, Any], toks: list[list[int]],
@@ -114,11 +123,11 @@ def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
     for title, res in (("all prompts", results), (f"first {ns.subset} prompts", subset)):
         if not res:
             continue
-        print(f"\n{title}\n{'method':<8}{'tok/s':>8}{'speedup':>9}{'decode tok/s':>13}{'speedup':>9}"
+        print(f"\n{title}\n{'method':<12}{'tok/s':>8}{'speedup':>9}{'decode tok/s':>13}{'speedup':>9}"
               f"{'acc.len':>9}{'per position':>22}{'same':>6}")
         for r in res:
             acc = r["mean_acceptance_length"]
-            print(f"{r['method']:<8}{r['tok_s']:>8.1f}{r['speedup_vs_none']:>8.2f}x"
+            print(f"{r['method']:<12}{r['tok_s']:>8.1f}{r['speedup_vs_none']:>8.2f}x"
                   f"{r['decode_tok_s']:>13.1f}{r['decode_speedup_vs_none']:>8.2f}x"
                   f"{(acc if acc is not None else float('nan')):>9.2f}{str(r['acceptance_per_pos']):>22}"
                   f"{str(r['identical_to_no_spec']):>6}")
@@ -182,7 +191,8 @@ def run_equality(ns: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["speed", "equality"], default="speed")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--methods", nargs="+", default=list(METHODS), type=_arm,
+                   help="arms: methods, each optionally with its draft dtype (eagle:int8)")
     p.add_argument("--prompts", type=int, default=None, help="HumanEval prompts (speed: 10, equality: 32)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=3)
@@ -190,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subset", type=int, default=10, help="speed: also report the first N prompts")
     p.add_argument("--async-on", action="store_true", help="speed mode: async scheduling on")
     p.add_argument("--tie-eps", type=float, default=1e-3)
-    p.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16"],
+    p.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16", "int8"],
                    help="speculative_config.draft_dtype of the heads (default: auto)")
     p.add_argument("--json", default=None)
     ns = p.parse_args(argv)

@@ -283,17 +283,23 @@ static void task_avx2(const Problem *pb, Task *t, int64_t nq, float *acc) {
         }
     }
     softmax_rows(pb, t, nq);
-    memset(acc, 0, (size_t)(nq * hd) * sizeof(float));
-    for (int64_t pos = 0; pos < t->len; pos++) {
-        if (pos + 8 < t->len) prefetch_kv_row(pb->v_cache, t->rows[pos + 8], row_bytes, bf);
-        const int64_t row = t->rows[pos];
-        for (int64_t c = 0; c < nch; c++) {
-            const __m256 v = load8(pb->v_cache, row + 8 * c, bf);
-            for (int64_t i = 0; i < nq; i++) {
-                float *ai = acc + i * hd + 8 * c;
-                const __m256 w = _mm256_set1_ps(t->p[i * t->len16 + pos]);
-                _mm256_storeu_ps(ai, _mm256_fmadd_ps(w, v, _mm256_loadu_ps(ai)));
+    /* Weighted sum of values: the chunk's V rows (at most KEY_CHUNK of them, in L1 after the first query)
+     * against each query's weights with its accumulators in registers, up to 64 dimensions at a time. */
+    for (int64_t pos = 0; pos < t->len; pos++) prefetch_kv_row(pb->v_cache, t->rows[pos], row_bytes, bf);
+    for (int64_t c0 = 0; c0 < nch; c0 += 8) {
+        const int64_t nc = nch - c0 < 8 ? nch - c0 : 8;
+        for (int64_t i = 0; i < nq; i++) {
+            const float *pi = t->p + i * t->len16;
+            __m256 a[8];
+            for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_ps();
+            for (int64_t pos = 0; pos < t->len; pos++) {
+                const __m256 w = _mm256_set1_ps(pi[pos]);
+                const int64_t row = t->rows[pos] + 8 * c0;
+                for (int c = 0; c < 8; c++)
+                    if (c < nc) a[c] = _mm256_fmadd_ps(w, load8(pb->v_cache, row + 8 * c, bf), a[c]);
             }
+            for (int c = 0; c < 8; c++)
+                if (c < nc) _mm256_storeu_ps(acc + i * hd + 8 * (c0 + c), a[c]);
         }
     }
     for (int64_t i = 0; i < nq; i++) store_out(pb, t, i, acc + i * hd);
