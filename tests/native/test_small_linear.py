@@ -96,3 +96,14 @@ def test_native_linear_takes_an_int8_weight_at_any_row_count() -> None:
         ref = F.linear(x, w.dequantize())
         torch.testing.assert_close(lin.linear(x, w), ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(lin.linear_add(res, x, w), res + ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(30, 1024), (31, 1536), (8, 1032)])  # 3-feature tiles, and a remainder
+def test_four_float32_rows_of_many_inputs(shape: tuple[int, int]) -> None:
+    """Four float32 rows of 1024+ inputs take three-feature tiles (gemv.h tile_width)."""
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(shape[0])
+    w = torch.randn(*shape, generator=gen)
+    x, res = torch.randn(4, shape[1], generator=gen), torch.randn(4, shape[0], generator=gen)
+    torch.testing.assert_close(kernel(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(kernel(x, w, None, res), res + F.linear(x, w), rtol=1e-5, atol=1e-4)

@@ -84,6 +84,7 @@ static inline float hsum8(__m256 v) {
     DEFINE_TILE_AVX2(4, 2, DT)                                                                          \
     DEFINE_TILE_AVX2(5, 2, DT)                                                                          \
     DEFINE_TILE_AVX2(6, 2, DT)                                                                          \
+    DEFINE_TILE_AVX2(4, 3, DT)                                                                          \
     /* Two or more rows: six (then the rest) at a time over the same weight tile, still in L1. */       \
     static void tile_avx2_##DT(const float *xf, int64_t rows, int64_t in, const void *w, int64_t o,    \
                                float *acc) {                                                            \
@@ -229,8 +230,15 @@ static void split_pairs(const float *x, int64_t rows, int64_t in, float *dst) {
 }
 #endif
 
-/* Output features one tile computes for a product of ``rows`` rows. */
-static inline int64_t tile_width(int64_t rows) { return rows == 1 ? 4 : 2; }
+/* Output features one tile computes for a product of ``rows`` rows of ``in`` inputs (weight dtype wdt).
+ * Four float32 rows of 1024+ inputs (a verify's down projection) take three features per tile: their x rows
+ * no longer sit in L1 beside the weight stream, so fewer passes over x per weight byte win there (SmolLM2's
+ * 576 x 1536 down: 0.20 -> 0.17 ms), while at 576 inputs two per tile stay faster (the LM head: 5.35 vs
+ * 5.68 ms; benchmarks/bench_gemv.py). */
+static inline int64_t tile_width(int64_t rows, int64_t in, int wdt) {
+    if (rows == 1) return 4;
+    return rows == 4 && wdt == W_F32 && in >= 1024 ? 3 : 2;
+}
 
 /* Round a float32 value to the storage dtype's precision (bf16: nearest-even) and back. */
 static inline float round_to(float v, int is_bf16) {
@@ -246,7 +254,7 @@ static inline float round_to(float v, int is_bf16) {
  * Returns 0, or -2 when scratch memory could not be allocated. */
 static int gemv_rows_w(const float *xf, int64_t rows, int64_t in, const void *w, const float *scale,
                        int64_t out, int wdt, float *yf, int64_t ldy, int num_threads) {
-    const int64_t ot = tile_width(rows), tiles = (out + ot - 1) / ot;
+    const int64_t ot = tile_width(rows, in, wdt), tiles = (out + ot - 1) / ot;
     const int vec = HAVE_AVX2 && in % (wdt == W_F32 ? 8 : 16) == 0;
     const float *xv = xf;
     float *split = NULL;
@@ -263,7 +271,9 @@ static int gemv_rows_w(const float *xf, int64_t rows, int64_t in, const void *w,
         const int64_t o = t * ot, nj = out - o < ot ? out - o : ot;
         float acc[GEMV_MAX_ROWS * 4];
 #if HAVE_AVX2
-        if (vec && nj == ot && wdt == W_BF16)
+        if (vec && nj == ot && ot == 3)
+            tile_avx2_f32_4x3(xv, in, w, o, acc);
+        else if (vec && nj == ot && wdt == W_BF16)
             tile_avx2_bf16(xv, rows, in, w, o, acc);
         else if (vec && nj == ot && wdt == W_INT8)
             tile_avx2_i8(xv, rows, in, w, o, acc);
