@@ -105,8 +105,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     # draft_model: the draft model's dtype (auto: the target's). eagle / eagle3 / mtp: the head's own
-    # matrices (auto: bf16 under a float32 target on the native CPU kernels, else the target's dtype;
-    # "int8": weight-only int8 with a scale per output feature, under a float32 target on those kernels).
+    # matrices ("int8": the decoder layer's and an own LM head weight-only int8 with a scale per output
+    # feature, the input fusion bf16; "bfloat16"; auto: int8 under a float32 target on the native CPU
+    # kernels, else the target's dtype).
     draft_dtype: str | None = None
     eagle3_layer_ids: tuple[int, ...] | None = None
 

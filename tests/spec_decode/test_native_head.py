@@ -123,7 +123,8 @@ def test_draft_dtype_validation(targets: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="draft_dtype must be one of"):
         SpeculativeConfig(method="eagle", num_speculative_tokens=3, draft_dtype="int4")
     auto = _proposer(targets, "mtp", "auto")
-    assert auto.head.weight_dtype == torch.bfloat16  # the CPU default under a float32 target
+    assert auto.head.weight_dtype == torch.int8  # the CPU default under a float32 target (fc in bf16)
+    assert auto.head.fc.dtype == torch.bfloat16
     # MTP shares the target's LM head: it stays the target's tensor (float32), whatever the weights.
     assert auto.head.lm_head.dtype == torch.float32
 
