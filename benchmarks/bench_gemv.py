@@ -11,7 +11,6 @@ products: gate/up ``3072 x 576`` and down ``576 x 1536``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -21,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment  # noqa: E402
+from common import report  # noqa: E402
 
 from tandem.model.linear import NativeLinear  # noqa: E402
 from tandem.model.quant import Int8Weight  # noqa: E402
@@ -70,12 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix_str(f"{out}x{inp} {dtype} rows {rows}")
                 bar.update()
     bar.close()
-    print("\n| shape | dtype | rows | ms / matrix | GB/s |\n|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['shape']} | {r['dtype']} | {r['rows']} | {r['ms']:.3f} | {r['gb_s']:.1f} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"environment": environment(), "args": vars(args),
-                                               "results": results}, indent=1))
+    report(results, [("shape", "shape", ""), ("dtype", "dtype", ""), ("rows", "rows", ""),
+                     ("ms", "ms / matrix", ".3f"), ("gb_s", "GB/s", ".1f")], args)
     return 0
 
 

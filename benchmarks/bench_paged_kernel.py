@@ -10,7 +10,6 @@ context lengths. Reports the median time of the 30 calls (one step's attention).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -20,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment  # noqa: E402
+from common import report  # noqa: E402
 
 from tandem.native.paged_attention import paged_attention_kernel  # noqa: E402
 
@@ -57,12 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                 kernel(q, out, kc[layer], vc[layer], ix, hd**-0.5)
             times.append(time.perf_counter() - t0)
         results.append({"q_len": ql, "context": ctx, "ms": statistics.median(times) * 1e3})
-    print("\n| q_len | context | ms (30 layers) |\n|---|---|---|")
-    for r in results:
-        print(f"| {r['q_len']} | {r['context']} | {r['ms']:.3f} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"environment": environment(), "args": vars(args),
-                                               "results": results}, indent=1))
+    report(results, [("q_len", "q_len", ""), ("context", "context", ""), ("ms", "ms (30 layers)", ".3f")], args)
     return 0
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import statistics
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,3 +64,17 @@ def environment() -> dict[str, Any]:
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def report(
+    results: list[dict[str, Any]], columns: list[tuple[str, str, str]], args: argparse.Namespace
+) -> None:
+    """Print ``results`` as a markdown table (``columns``: key, title, format spec) and, when
+    ``args.json`` is set, write them there with the environment and the arguments."""
+    print("\n| " + " | ".join(title for _, title, _ in columns) + " |")
+    print("|" + "---|" * len(columns))
+    for r in results:
+        print("| " + " | ".join(format(r[key], spec) for key, _, spec in columns) + " |")
+    if args.json:
+        out = {"environment": environment(), "args": vars(args), "results": results}
+        Path(args.json).write_text(json.dumps(out, indent=1))

@@ -66,8 +66,8 @@ static int attention_inputs(const Shape *s, const int64_t *lp, const float *hin,
     const int64_t hd = s->head_dim, nqk = s->heads + s->kv_heads, width = (nqk + s->kv_heads) * hd;
     const void *w = (const void *)lp[0], *bias = (const void *)lp[1], *qk_norm = (const void *)lp[2];
     void *k_cache = (void *)lp[7], *v_cache = (void *)lp[8];
-    if (gemv_rows_w(hin, s->rows, in_width, w, (const float *)lp[9], width, matrix_dtype(s, lp[9]), qkv, width,
-                    s->threads))
+    if (gemv_rows(hin, s->rows, in_width, w, (const float *)lp[9], width, matrix_dtype(s, lp[9]), qkv, width,
+                  s->threads))
         return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         float *row = qkv + r * width;
@@ -108,14 +108,14 @@ static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *at
     const int64_t h = s->hidden, a = s->heads * s->head_dim, inter = s->inter;
     const void *o_w = (const void *)lp[3], *o_bias = (const void *)lp[4];
     for (int64_t i = 0; i < s->rows * a; i++) abuf[i] = load_elem(attn, i, bf);
-    if (gemv_rows_w(abuf, s->rows, a, o_w, (const float *)lp[10], h, matrix_dtype(s, lp[10]), hbuf, h, s->threads))
+    if (gemv_rows(abuf, s->rows, a, o_w, (const float *)lp[10], h, matrix_dtype(s, lp[10]), hbuf, h, s->threads))
         return -2;
     for (int64_t r = 0; r < s->rows; r++)
         for (int64_t i = 0; i < h; i++)
             x[r * h + i] = round_to(x[r * h + i] + hbuf[r * h + i] + (o_bias ? load_elem(o_bias, i, bf) : 0.0f), bf);
     unit_rms_rows(s, x, hbuf);
-    if (gemv_rows_w(hbuf, s->rows, h, (const void *)lp[5], (const float *)lp[11], 2 * inter, matrix_dtype(s, lp[11]),
-                    gu, 2 * inter, s->threads))
+    if (gemv_rows(hbuf, s->rows, h, (const void *)lp[5], (const float *)lp[11], 2 * inter, matrix_dtype(s, lp[11]),
+                  gu, 2 * inter, s->threads))
         return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         const float *g = gu + r * 2 * inter, *u = g + inter;
@@ -125,8 +125,8 @@ static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *at
             act[r * inter + i] = round_to(silu * round_to(u[i], bf), bf);
         }
     }
-    if (gemv_rows_w(act, s->rows, inter, (const void *)lp[6], (const float *)lp[12], h, matrix_dtype(s, lp[12]), hbuf,
-                    h, s->threads))
+    if (gemv_rows(act, s->rows, inter, (const void *)lp[6], (const float *)lp[12], h, matrix_dtype(s, lp[12]), hbuf,
+                  h, s->threads))
         return -2;
     for (int64_t i = 0; i < s->rows * h; i++) x[i] = round_to(x[i] + hbuf[i], bf);
     return 0;

@@ -66,11 +66,7 @@ class LayerTable:
     block_size: int
     weight_dtype: torch.dtype | None = None  # None: ``dtype``
     qkv_in: int = 0  # the qkv product's input width
-
-    @property
-    def int8(self) -> bool:
-        """Whether any matrix is int8 (has scales)."""
-        return bool(self.ptrs[:, LAYER_PTRS - len(_MATRICES) :].any())
+    int8: bool = False  # whether any matrix is int8 (has scales)
 
     @property
     def weights(self) -> torch.dtype:
@@ -121,7 +117,7 @@ class DecodeForwardKernel:
         cache_shape = tuple(k_caches[0].shape)
         if len(cache_shape) != 4 or cache_shape[2:] != (s.kv_heads, s.head_dim):
             raise ValueError(f"native decode: cache shape {cache_shape} for {s.kv_heads}x{s.head_dim}")
-        rows, keep = [], []
+        rows, keep, int8 = [], [], False
         for i, lw in enumerate(layers):
             row, scales = [], {n: 0 for n in _MATRICES}
             for name, want in shapes.items():
@@ -138,7 +134,7 @@ class DecodeForwardKernel:
                     check_dense(t.scale, want[:1], torch.float32, f"layer {i} {name} scale")
                     scales[name] = t.scale.data_ptr()
                     keep.append(t.scale)
-                    t, t_dtype = t.q, torch.int8
+                    t, t_dtype, int8 = t.q, torch.int8, True
                 check_dense(t, want, t_dtype, f"layer {i} {name}")
                 row.append(t.data_ptr())
                 keep.append(t)
@@ -152,7 +148,7 @@ class DecodeForwardKernel:
             raise ValueError(f"native decode: {dtype} weights over a {k_caches[0].dtype} cache")
         # (biases and norms are checked in the activations' dtype, the one the C code reads them in)
         return LayerTable(
-            ptrs, tuple(keep), k_caches[0].dtype, cache_shape[0], cache_shape[1], dtype, shapes["qkv"][1]
+            ptrs, tuple(keep), k_caches[0].dtype, cache_shape[0], cache_shape[1], dtype, shapes["qkv"][1], int8
         )
 
     def __call__(

@@ -141,23 +141,31 @@ DEFINE_TILE_BF16(1, 2)
 DEFINE_TILE_BF16(2, 2)
 DEFINE_TILE_BF16(3, 2)
 
+/* Rows r0 .. rows of a 2-feature tile, three at a time (then two or one), with PREFIX's 1x2 / 2x2 / 3x2
+ * tiles: the bf16 and int8 products' row groups (accumulators for more rows would not fit 16 ymm). */
+#define DEFINE_GROUPS_OF_3(PREFIX)                                                                      \
+    static void PREFIX##_groups(const float *xf, int64_t r0, int64_t rows, int64_t in, const void *w,   \
+                                int64_t o, float *acc) {                                                \
+        float part[3 * 2];                                                                              \
+        for (; r0 < rows; r0 += 3) {                                                                    \
+            const int64_t n = rows - r0 < 3 ? rows - r0 : 3;                                            \
+            const float *x0 = xf + r0 * in;                                                             \
+            if (n == 1)                                                                                 \
+                PREFIX##_1x2(x0, in, w, o, part);                                                       \
+            else if (n == 2)                                                                            \
+                PREFIX##_2x2(x0, in, w, o, part);                                                       \
+            else                                                                                        \
+                PREFIX##_3x2(x0, in, w, o, part);                                                       \
+            memcpy(acc + r0 * 2, part, (size_t)(n * 2) * sizeof(float));                               \
+        }                                                                                               \
+    }
+DEFINE_GROUPS_OF_3(tile_bf16)
+
 static void tile_avx2_bf16(const float *xp, int64_t rows, int64_t in, const void *w, int64_t o, float *acc) {
-    if (rows == 1) {
+    if (rows == 1)
         tile_bf16_1x4(xp, in, w, o, acc);
-        return;
-    }
-    float part[3 * 2];
-    for (int64_t r0 = 0; r0 < rows; r0 += 3) {
-        const int64_t n = rows - r0 < 3 ? rows - r0 : 3;
-        const float *x0 = xp + r0 * in;
-        if (n == 1)
-            tile_bf16_1x2(x0, in, w, o, part);
-        else if (n == 2)
-            tile_bf16_2x2(x0, in, w, o, part);
-        else
-            tile_bf16_3x2(x0, in, w, o, part);
-        memcpy(acc + r0 * 2, part, (size_t)(n * 2) * sizeof(float));
-    }
+    else
+        tile_bf16_groups(xp, 0, rows, in, w, o, acc);
 }
 
 /* int8 weights, 16 at a time: sign-extended to int32 and converted to float32 in registers, 8 per half;
@@ -188,6 +196,7 @@ DEFINE_TILE_I8(1, 2)
 DEFINE_TILE_I8(2, 2)
 DEFINE_TILE_I8(3, 2)
 DEFINE_TILE_I8(4, 1)
+DEFINE_GROUPS_OF_3(tile_i8)
 
 /* Row groups: four at a time one feature per pass (each int8 vector converted once for four rows), then
  * the rest (1-3 rows) two features per pass. */
@@ -206,17 +215,7 @@ static void tile_avx2_i8(const float *xf, int64_t rows, int64_t in, const void *
         }
         memcpy(acc + r0 * 2, part, 8 * sizeof(float));
     }
-    for (; r0 < rows; r0 += 3) {
-        const int64_t n = rows - r0 < 3 ? rows - r0 : 3;
-        const float *x0 = xf + r0 * in;
-        if (n == 1)
-            tile_i8_1x2(x0, in, w, o, part);
-        else if (n == 2)
-            tile_i8_2x2(x0, in, w, o, part);
-        else
-            tile_i8_3x2(x0, in, w, o, part);
-        memcpy(acc + r0 * 2, part, (size_t)(n * 2) * sizeof(float));
-    }
+    tile_i8_groups(xf, r0, rows, in, w, o, acc);
 }
 
 /* dst: each 16-element block of each row of x as its 8 even then its 8 odd elements (in % 16 == 0). */
@@ -252,8 +251,8 @@ static inline float round_to(float v, int is_bf16) {
  * into a float32 buffer and running the float32 tiles over it was slower at every row count 3-64 on
  * this AVX2 CPU (benchmarks/bench_gemv.py; BENCHMARKS.md section 12), so there is no such path.
  * Returns 0, or -2 when scratch memory could not be allocated. */
-static int gemv_rows_w(const float *xf, int64_t rows, int64_t in, const void *w, const float *scale,
-                       int64_t out, int wdt, float *yf, int64_t ldy, int num_threads) {
+static int gemv_rows(const float *xf, int64_t rows, int64_t in, const void *w, const float *scale,
+                     int64_t out, int wdt, float *yf, int64_t ldy, int num_threads) {
     const int64_t ot = tile_width(rows, in, wdt), tiles = (out + ot - 1) / ot;
     const int vec = HAVE_AVX2 && in % (wdt == W_F32 ? 8 : 16) == 0;
     const float *xv = xf;
@@ -288,11 +287,5 @@ static int gemv_rows_w(const float *xf, int64_t rows, int64_t in, const void *w,
     }
     free(split);
     return 0;
-}
-
-/* gemv_rows_w for a float32 or bf16 weight (is_bf16). */
-static int gemv_rows(const float *xf, int64_t rows, int64_t in, const void *w, int64_t out, int is_bf16,
-                     float *yf, int64_t ldy, int num_threads) {
-    return gemv_rows_w(xf, rows, in, w, NULL, out, is_bf16 ? W_BF16 : W_F32, yf, ldy, num_threads);
 }
 #endif

@@ -331,7 +331,7 @@ int tandem_paged_attention(
     int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int num_threads) {
     const Problem pb = {is_bf16, q, k_cache, v_cache, out, q_row_stride, out_row_stride,
                         head_dim, heads / kv_heads, scale};
-    const int64_t max_keys = bt_stride * block_size, group = heads / kv_heads, stride = head_dim + 2;
+    const int64_t max_keys = bt_stride * block_size, group = pb.group, stride = head_dim + 2;
     const int fast = tandem_paged_attention_fast_path(head_dim);
     /* Per request: its keys, chunks, first task and the offset of its partial results (split ones only). */
     int64_t *plan = malloc((size_t)(4 * num_reqs + 1) * sizeof(int64_t));
@@ -364,7 +364,7 @@ int tandem_paged_attention(
             }
             const int64_t local = task - first[r], nch = nchunks[r], row = req[r];
             const int64_t kvh = local / nch, c = local % nch, k0 = c * KEY_CHUNK;
-            const int64_t len = nch == 1 ? lens[r] : (lens[r] - k0 < KEY_CHUNK ? lens[r] - k0 : KEY_CHUNK);
+            const int64_t len = lens[r] - k0 < KEY_CHUNK ? lens[r] - k0 : KEY_CHUNK; /* one chunk: every key */
             Task t = {kvh, q_start[r], q_len[r], len, (len + 15) / 16 * 16, lens[r] - q_len[r] - k0,
                       0, 0, 0, 0, 0, 0};
             const int64_t nq = t.ql * group;

@@ -65,20 +65,16 @@ class PagedAttentionKernel:
         """``block_tables`` ``[B, W]`` and ``seq_lens`` ``[B]`` (exact lengths) index batch rows;
         ``req``/``q_start``/``q_len`` ``[n]`` name the requests to attend (batch row, first query row,
         query count) among ``num_rows`` query rows. Checked here, once per forward. The three may be host
-        lists (the usual case: the batch's layout is known on the host), checked in Python before they
-        become tensors, which saves the tensor reductions a check of tensors costs."""
+        lists (the usual case: the batch's layout is known on the host); then their bounds are checked
+        in Python, which saves the tensor reductions a check of tensors costs."""
         if block_tables.dim() != 2 or block_tables.stride(1) != 1:
             raise ValueError("paged attention kernel: block_tables must be [B, W] with dense rows")
-        if isinstance(req, list) and isinstance(q_start, list) and isinstance(q_len, list):
-            PagedAttentionKernel._check_rows(block_tables, seq_lens, req, q_start, q_len, num_rows)
-            i64 = torch.int64
-            req, q_start, q_len = (torch.tensor(v, dtype=i64) for v in (req, q_start, q_len))
-            if seq_lens.device.type != "cpu" or seq_lens.dtype != i64 or block_tables.dtype != i64:
-                raise ValueError("paged attention kernel: index tensors must be int64 on the CPU")
-            if seq_lens.dim() != 1 or not seq_lens.is_contiguous() or block_tables.device.type != "cpu":
-                raise ValueError("paged attention kernel: index vectors must be 1-D and contiguous")
-            return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows)
-        req, q_start, q_len = (torch.as_tensor(v) for v in (req, q_start, q_len))
+        host = isinstance(req, list) and isinstance(q_start, list) and isinstance(q_len, list)
+        if host:
+            lists = (req, q_start, q_len)
+            req, q_start, q_len = (torch.tensor(v, dtype=torch.int64) for v in lists)
+        else:
+            req, q_start, q_len = (torch.as_tensor(v) for v in (req, q_start, q_len))
         vectors = (seq_lens, req, q_start, q_len)
         for t in (block_tables, *vectors):
             if t.device.type != "cpu" or t.dtype != torch.int64:
@@ -88,32 +84,18 @@ class PagedAttentionKernel:
         if not (req.shape == q_start.shape == q_len.shape):
             raise ValueError("paged attention kernel: req, q_start and q_len differ in length")
         if req.shape[0]:
-            PagedAttentionKernel._check_rows(
-                block_tables, seq_lens, [int(req.min()), int(req.max())], [int(q_start.min())],
-                [int(q_len.min())], num_rows, end=int((q_start + q_len).max()),
-            )  # fmt: skip
+            if host:  # the bounds from the lists: no tensor reductions
+                r, s, n = lists
+                bounds = (min(s), min(n), max(a + b for a, b in zip(s, n)), min(r), max(r))
+            else:
+                bounds = (int(q_start.min()), int(q_len.min()), int((q_start + q_len).max()),
+                          int(req.min()), int(req.max()))  # fmt: skip
+            start, count, end, lo, hi = bounds
+            if start < 0 or count < 1 or end > num_rows:
+                raise ValueError(f"paged attention kernel: query rows outside [0, {num_rows})")
+            if lo < 0 or hi >= min(block_tables.shape[0], seq_lens.shape[0]):
+                raise ValueError("paged attention kernel: req names a row outside the tables")
         return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows)
-
-    @staticmethod
-    def _check_rows(
-        block_tables: torch.Tensor,
-        seq_lens: torch.Tensor,
-        req: list[int],
-        q_start: list[int],
-        q_len: list[int],
-        num_rows: int,
-        end: int | None = None,
-    ) -> None:
-        if end is None:
-            if not (len(req) == len(q_start) == len(q_len)):
-                raise ValueError("paged attention kernel: req, q_start and q_len differ in length")
-            end = max((s + n for s, n in zip(q_start, q_len)), default=0)
-        if not req:
-            return
-        if min(q_start) < 0 or min(q_len) < 1 or end > num_rows:
-            raise ValueError(f"paged attention kernel: query rows outside [0, {num_rows})")
-        if min(req) < 0 or max(req) >= min(block_tables.shape[0], seq_lens.shape[0]):
-            raise ValueError("paged attention kernel: req names a row outside the tables")
 
     def __call__(
         self,

@@ -35,7 +35,7 @@ int tandem_small_linear(int is_bf16, int wdt, const void *x, int64_t x_stride, i
     float *yf = xf + rows * in;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < in; i++) xf[r * in + i] = load_elem(x, r * x_stride + i, is_bf16);
-    if (gemv_rows_w(xf, rows, in, w, scale, out, wdt, yf, out, num_threads) != 0) {
+    if (gemv_rows(xf, rows, in, w, scale, out, wdt, yf, out, num_threads) != 0) {
         free(xf);
         return -2;
     }
