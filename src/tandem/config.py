@@ -31,10 +31,17 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's own context length
     seed: int = 0
     device: str = "cpu"
+    # vLLM's name. None / "auto": a quantized GGUF file stays in its blocks on the CPU ("gguf"), anything
+    # else is dequantized ("none"); the decision and its reason: tandem.quantization.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model must be a non-empty string")
+        if self.quantization not in (None, "auto", "gguf", "none"):
+            raise ValueError(
+                f"quantization must be one of ('auto', 'gguf', 'none') or None, got {self.quantization!r}"
+            )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         _positive("max_model_len", self.max_model_len, allow_none=True)

@@ -28,7 +28,6 @@ from typing import Any
 from tandem.async_decision import AsyncSchedulingDecision
 from tandem.core.request import RequestStatus
 from tandem.engine.builder import Engine, build_engine
-from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.engine.llm import EngineDeadError, config_from_kwargs
 from tandem.engine.metrics import Metric, collect_metrics
 from tandem.engine.output_processor import FrontRequest, OutputProcessor
@@ -37,6 +36,7 @@ from tandem.engine.requests import MadeRequest, RequestFactory
 from tandem.executor.base import ExecutorError
 from tandem.outputs import SampleLogprobs
 from tandem.sampling_params import SamplingParams
+from tandem.trace.tracer import NULL_TRACER, Tracer
 
 logger = logging.getLogger("tandem.engine")
 

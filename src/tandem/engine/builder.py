@@ -8,7 +8,7 @@ weights, the runner and the executor.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.async_decision import (
     AsyncCapability,
@@ -27,6 +27,7 @@ from tandem.model.loader.model_info import load_model_args
 from tandem.model.loader.tokenizer import Tokenizer
 from tandem.model.model_args import ModelArgs
 from tandem.model.parallel import ShardPlan
+from tandem.quantization import QuantizationDecision, resolve_quantization
 from tandem.spec_decode.factory import get_proposer_class
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.worker import WorkerSpec
@@ -42,11 +43,19 @@ class EnginePlan:
     num_kv_blocks: int
     max_model_len: int
     bytes_per_block: int
+    quantization: QuantizationDecision = field(
+        default_factory=lambda: QuantizationDecision(None, "none", "not_quantized_gguf")
+    )
+    weight_bytes: int | None = None  # resident weight bytes once loaded (None: not known without loading)
+    kernels: dict[str, object] | None = None  # the kernel plan of block-quantized products
 
     def as_dict(self) -> dict[str, object]:
         return {
             "model": self.config.model.model,
             "dtype": self.config.model.resolved_dtype(),
+            "quantization": self.quantization.as_dict(),
+            "weight_bytes": self.weight_bytes,
+            "kernels": self.kernels,
             "device": self.config.model.device,
             "executor_backend": self.config.parallel.executor_backend,
             "tensor_parallel_size": self.config.parallel.tensor_parallel_size,
@@ -129,7 +138,41 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
         max_model_len = config.model.max_model_len
     else:
         max_model_len = min(model_len, capacity)
-    return EnginePlan(config, args, decision, num_blocks, max_model_len, bpb)
+    quant, weight_bytes, kernels = _plan_weights(config)
+    return EnginePlan(config, args, decision, num_blocks, max_model_len, bpb, quant, weight_bytes, kernels)
+
+
+def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | None, dict[str, object] | None]:
+    """The quantization decision, the resident weight bytes and the block-quantized kernel plan, from the
+    model file's tensor index alone (no weights read)."""
+    from tandem.model.loader.gguf import gguf_weight_plan
+    from tandem.model.loader.registry import resolve_model
+
+    m = config.model
+    path = resolve_model(m.model)
+    gf = None
+    if not path.is_dir():
+        from tandem.model.loader.gguf_file import GGUFFile
+
+        gf = GGUFFile.open(path)
+    from tandem.model.loader.gguf import is_quantized_file
+
+    decision = resolve_quantization(
+        m.quantization, quantized_gguf=gf is not None and is_quantized_file(gf), dtype=m.resolved_dtype(),
+        device=m.device, tensor_parallel_size=config.parallel.tensor_parallel_size,
+    )
+    if gf is None:
+        return decision, None, None
+    from tandem.worker.worker import DTYPES
+
+    elem = DTYPES[m.resolved_dtype()].itemsize
+    weight_bytes, types = gguf_weight_plan(gf, decision.keep_quantized, elem)
+    kernels = None
+    if decision.keep_quantized:
+        from tandem.model.linear import block_quant_plan
+
+        kernels = block_quant_plan(types)
+    return decision, weight_bytes, kernels
 
 
 @dataclass
@@ -152,6 +195,11 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
     tokenizer = load_tokenizer(config.model.model)
     plan = plan_engine(config)
     logger.info(plan.decision.log_line())
+    logger.info(
+        "quantization: requested=%s resolved=%s reason=%s; resident weights %s",
+        plan.quantization.requested, plan.quantization.resolved, plan.quantization.reason,
+        "unknown" if plan.weight_bytes is None else f"{plan.weight_bytes / 2**20:.1f} MiB",
+    )
     if config.scheduler.deferred_reconciliation and not plan.decision.resolved:
         raise ValueError(
             "deferred_reconciliation needs async scheduling, which resolved off "
@@ -165,6 +213,7 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         max_model_len=plan.max_model_len,
         eos_token_ids=eos,
         trace=tracer.enabled,
+        quantized=plan.quantization.keep_quantized,
     )
     executor = executor_cls.create(spec, tracer=tracer)
     k = config.speculative.num_speculative_tokens if config.speculative else 0

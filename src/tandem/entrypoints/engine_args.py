@@ -13,6 +13,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=DEFAULT_MODEL, help="model name, .gguf file or HF directory")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    g.add_argument(
+        "--quantization", "-q", default=None, choices=["auto", "gguf", "none"],
+        help="gguf: a quantized GGUF file's matrices stay in their blocks (float32 activations); none: "
+        "dequantize at load; default auto (gguf for a quantized GGUF file on one CPU rank in float32)",
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=None)
@@ -55,7 +60,7 @@ def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
         "num_kv_blocks kv_cache_memory enable_prefix_caching async_scheduling executor_backend "
-        "tensor_parallel_size speculative_config worker_threads deferred_reconciliation ray_address"
+        "tensor_parallel_size speculative_config worker_threads deferred_reconciliation ray_address quantization"
     ).split()
     kw = {k: getattr(ns, k) for k in keys}
     kw["debug_invariants"] = True if ns.debug_invariants else None

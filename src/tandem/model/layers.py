@@ -18,6 +18,7 @@ from torch import nn
 
 from tandem.distributed.communicator import SINGLE_RANK, Communicator
 from tandem.model.attention import AttentionBackend
+from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.linear import LinearKernels
 from tandem.model.model_args import ModelArgs
 from tandem.model.parallel import ShardPlan, row_parallel_add
@@ -50,6 +51,11 @@ def _param(t: torch.Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t, requires_grad=False)
 
 
+def frozen_weight(t: torch.Tensor | BlockQuantWeight) -> nn.Parameter | BlockQuantWeight:
+    """A frozen parameter, or a block-quantized matrix as it is (a plain attribute: no tensor to register)."""
+    return t if isinstance(t, BlockQuantWeight) else nn.Parameter(t, requires_grad=False)
+
+
 class DecoderLayer(nn.Module):
     def __init__(
         self,
@@ -70,13 +76,13 @@ class DecoderLayer(nn.Module):
         self.scale = args.head_dim**-0.5
         self.backend = backend
         self.linear = linear
-        self.qkv = nn.Parameter(weights.qkv, requires_grad=False)
+        self.qkv = frozen_weight(weights.qkv)
         self.qkv_bias = _param(weights.qkv_bias)
         self.qk_norm = _param(weights.qk_norm)
-        self.o_proj = nn.Parameter(weights.o_proj, requires_grad=False)
+        self.o_proj = frozen_weight(weights.o_proj)
         self.o_bias = _param(weights.o_bias)
-        self.gate_up = nn.Parameter(weights.gate_up, requires_grad=False)
-        self.down = nn.Parameter(weights.down, requires_grad=False)
+        self.gate_up = frozen_weight(weights.gate_up)
+        self.down = frozen_weight(weights.down)
 
     def forward(
         self,

@@ -13,6 +13,11 @@ at 4 / 8 / 16 rows against 14.1 / 16.4 / 19.9 ms packed (12 ms is the one-row, b
 bf16 9.6-10 ms packed against 12-14 ms for 2-16 rows. ``native`` (the CPU default where the C kernels
 build) computes few-row products in ``native/small_linear.c`` and leaves the rest to ``onednn``
 (:class:`NativeLinear`). All are tested against ``torch``.
+
+Block-quantized matrices (:class:`~tandem.model.block_quant.BlockQuantWeight`, ``quantization="gguf"``) go
+through :func:`block_quant_linear` in every formulation: ``torch`` multiplies by the gguf-py reference
+dequantization; the others run few rows in the native kernels on the blocks (``native/quant.h``) and many
+rows (a prefill chunk) as float32 GEMMs over tiles of rows dequantized natively, one tile at a time.
 """
 
 from __future__ import annotations
@@ -26,8 +31,67 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.quant import Int8Weight
+from tandem.native.quant_linear import quant_linear_kernel
 from tandem.native.small_linear import small_linear_kernel
+
+QUANT_FEW_ROWS = 16  # up to this many rows a block-quantized product runs in the native kernel
+QUANT_TILE_FLOATS = 1 << 20  # float32 elements of one dequantized tile of a many-row product (4 MB)
+
+
+def block_quant_linear(
+    x: torch.Tensor,
+    weight: BlockQuantWeight,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    native: bool = True,
+) -> torch.Tensor:
+    """``(residual +) (x * gain) @ W^T (+ bias)`` for a block-quantized ``W`` and float32 ``x``.
+
+    ``native`` False: the reference (gguf-py's dequantization, one float32 product). Else the native kernel
+    for up to :data:`QUANT_FEW_ROWS` rows, and for more rows tiles of ``W``'s rows dequantized natively
+    into float32 and multiplied by torch's GEMM (the weights are never resident in float32); without a
+    compiler the reference."""
+    if x.dtype != torch.float32:
+        raise ValueError(f"block-quantized weight {weight.name!r}: float32 activations, got {x.dtype}")
+    kernel = quant_linear_kernel() if native else None
+    if kernel is not None and kernel.supports(weight) and x.device.type == "cpu":
+        if x.dim() == 2 and 1 <= x.shape[0] <= QUANT_FEW_ROWS:
+            res = None if residual is None else residual.contiguous()
+            return kernel(x, weight, None if bias is None else bias.contiguous(), res)
+        xg = x if weight.gain is None else x * weight.gain
+        out_features, inp = weight.shape
+        y = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
+        step = max(64, QUANT_TILE_FLOATS // inp)
+        for start in range(0, out_features, step):
+            stop = min(start + step, out_features)
+            tile = kernel.row_range(weight, start, stop)
+            y[..., start:stop] = F.linear(xg, tile, None if bias is None else bias[start:stop])
+    else:
+        y = F.linear(x, weight.dequantize(torch.float32), bias)
+    return y if residual is None else y.add_(residual)
+
+
+def block_quant_plan(types: list[str]) -> dict[str, object]:
+    """What runs a block-quantized product of each stored type, by row count, on this machine: the one
+    place that maps (format, rows, ISA) to a kernel (shown by ``tandem config``)."""
+    from tandem import native
+
+    kernel = quant_linear_kernel()
+    isa = native.default_isa()
+    compiled = kernel.compiled_isa if kernel is not None else None
+    plan: dict[str, object] = {"isa": isa, "compiled": compiled}
+    for t in types:
+        if kernel is None:
+            plan[t] = {"any rows": "torch: gguf-py dequantization + float32 GEMM (no native kernels)"}
+            continue
+        plan[t] = {
+            f"1-{QUANT_FEW_ROWS} rows": f"native quant.h ({compiled}): dequantize to L1 + float32 FMA",
+            f"1-{8} rows, whole stack": f"native decode_forward ({compiled}) on the same kernel",
+            f">{QUANT_FEW_ROWS} rows": "native dequantized tiles of rows + torch float32 GEMM",
+        }
+    return plan
 
 
 class LinearKernels(Protocol):
@@ -50,16 +114,21 @@ class TorchLinear:
     """The reference formulation."""
 
     name = "torch"
+    native_quant = False  # block-quantized products: the gguf-py reference
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if isinstance(weight, BlockQuantWeight):
+            return block_quant_linear(x, weight, bias, native=self.native_quant)
         return F.linear(x, weight, bias)
 
     def linear_add(
         self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     ) -> torch.Tensor:
         """``residual + x @ weight^T`` with the add fused into the product."""
+        if isinstance(weight, BlockQuantWeight):
+            return block_quant_linear(x, weight, residual=residual, native=self.native_quant)
         return torch.addmm(residual, x, weight.t())
 
 
@@ -67,6 +136,7 @@ class CpuLinear(TorchLinear):
     """Shape-aware formulations for few rows of low-precision inputs; all else uses the reference."""
 
     name = "cpu"
+    native_quant = True
 
     def __init__(self, small_rows: int = 32) -> None:
         self.small_rows = small_rows
@@ -74,6 +144,8 @@ class CpuLinear(TorchLinear):
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if isinstance(weight, BlockQuantWeight):
+            return block_quant_linear(x, weight, bias)
         rows = x.shape[0]
         if x.dtype == torch.float32:
             return F.linear(x, weight, bias)
@@ -90,6 +162,8 @@ class CpuLinear(TorchLinear):
     def linear_add(
         self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     ) -> torch.Tensor:
+        if isinstance(weight, BlockQuantWeight):
+            return block_quant_linear(x, weight, residual=residual)
         rows = x.shape[0]
         if x.dtype == torch.float32:
             return torch.addmm(residual, x, weight.t())
@@ -146,6 +220,8 @@ class OneDnnLinear(CpuLinear):
         self._packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
 
     def _packed_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        if isinstance(weight, BlockQuantWeight):
+            return None  # CpuLinear's path: block_quant_linear
         rows = x.shape[0]
         if not self._enabled or rows == 0 or x.device.type != "cpu":
             return None
@@ -246,6 +322,8 @@ class NativeLinear(OneDnnLinear):
     ) -> torch.Tensor:
         if isinstance(weight, Int8Weight):
             return self._int8(x, weight, bias=bias)
+        if isinstance(weight, BlockQuantWeight):
+            return block_quant_linear(x, weight, bias)
         if self._native_rows(x, weight) and (bias is None or bias.is_contiguous()):
             assert self._kernel is not None
             return self._kernel(x, weight, bias)
@@ -276,6 +354,8 @@ class NativeLinear(OneDnnLinear):
     ) -> torch.Tensor:
         if isinstance(weight, Int8Weight):
             return self._int8(x, weight, residual=residual)
+        if isinstance(weight, BlockQuantWeight):
+            return block_quant_linear(x, weight, residual=residual)
         if self._native_rows(x, weight) and residual.dtype == x.dtype and residual.dim() == 2:
             assert self._kernel is not None
             return self._kernel(x, weight, None, residual.contiguous())

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from tandem.distributed.communicator import Communicator
+from tandem.model.block_quant import BlockQuantWeight, embedding
 from tandem.model.linear import LinearKernels
 from tandem.model.model_args import ModelArgs
 
@@ -140,9 +141,11 @@ class ShardPlan:
 
 # -- the communicating operations ------------------------------------------------------------------------
 def vocab_parallel_embedding(
-    ids: torch.Tensor, weight: torch.Tensor, shard: ShardPlan, comm: Communicator
+    ids: torch.Tensor, weight: torch.Tensor | BlockQuantWeight, shard: ShardPlan, comm: Communicator
 ) -> torch.Tensor:
     """``weight`` holds rows ``shard.vocab`` of the embedding; returns the full ``[T, hidden]`` lookup."""
+    if isinstance(weight, BlockQuantWeight):  # one rank holds every row (block_quant refuses more)
+        return embedding(ids, weight, torch.float32)
     local = ids - shard.vocab[0]
     inside = (local >= 0) & (local < shard.vocab_size)
     out = F.embedding(torch.where(inside, local, torch.zeros_like(local)), weight)

@@ -20,8 +20,9 @@ from tandem.model.attention import (
     create_attention_backend,
     default_attention_backend,
 )
+from tandem.model.block_quant import BlockQuantWeight, total_nbytes
 from tandem.model.forward_batch import ForwardBatch, KVCache
-from tandem.model.layers import DecoderLayer, LayerContext, unit_rms
+from tandem.model.layers import DecoderLayer, LayerContext, frozen_weight, unit_rms
 from tandem.model.linear import LinearKernels, create_linear_kernels, default_linear_kernels
 from tandem.model.model_args import ModelArgs
 from tandem.model.native_decode import NativeDecode
@@ -65,26 +66,28 @@ class CausalLM(nn.Module):
         self.shard = ShardPlan.build(args, comm.world_size, comm.rank)
         self.attn_backend = backend
         self.linear = linear
-        self.embed_tokens = nn.Parameter(weights.embed, requires_grad=False)
+        # A block-quantized table (quantization "gguf") is a plain attribute: embedding rows are
+        # dequantized per lookup and the tied LM head multiplies by the blocks (block_quant.py).
+        self.embed_tokens = frozen_weight(weights.embed)
         # Tied: the LM head IS the embedding parameter (speculative heads share it by reference).
         self.lm_head = (
             self.embed_tokens
             if weights.lm_head is None
-            else nn.Parameter(weights.lm_head, requires_grad=False)
+            else frozen_weight(weights.lm_head)
         )
         self.layers = nn.ModuleList(
             DecoderLayer(args, lw, backend, linear, self.shard, comm) for lw in weights.layers
         )
         self.norm = nn.Parameter(weights.norm, requires_grad=False)
         inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
-        table = rotation_table(inv_freq, args.max_position_embeddings).to(weights.embed.device)
+        table = rotation_table(inv_freq, args.max_position_embeddings).to(weights.norm.device)
         self.rope_table: torch.Tensor
         self.register_buffer("rope_table", table, persistent=False)
         eps_root = (args.hidden_size * args.rms_norm_eps) ** 0.5  # see unit_rms
         self.eps_root: torch.Tensor
         self.register_buffer(
             "eps_root",
-            torch.tensor(eps_root, dtype=weights.embed.dtype, device=table.device),
+            torch.tensor(eps_root, dtype=weights.norm.dtype, device=table.device),
             False,
         )
         # The native stack for short CPU steps (native_decode.py), resolved on the first forward so
@@ -134,11 +137,25 @@ class CausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.dtype
+        """The activations' dtype (every plain weight's; block-quantized matrices compute in it)."""
+        return self.norm.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.device
+        return self.norm.device
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the matrices stay in GGUF blocks (``quantization="gguf"``)."""
+        return isinstance(self.layers[0].qkv, BlockQuantWeight) if self.num_layers else False
+
+    def weight_nbytes(self) -> int:
+        """Resident bytes of every weight (blocks as stored, plain tensors at their dtype; shared once)."""
+        ws: list[torch.Tensor | BlockQuantWeight] = [self.embed_tokens, self.lm_head, self.norm]
+        for layer in self.layers:
+            ws += [layer.qkv, layer.o_proj, layer.gate_up, layer.down]
+            ws += [t for t in (layer.qkv_bias, layer.qk_norm, layer.o_bias) if t is not None]
+        return total_nbytes(ws)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_embedding(ids, self.embed_tokens, self.shard, self.comm)

@@ -9,6 +9,10 @@ Checked here, once: every expected tensor is present with the expected shape, no
   ``sqrt(hidden)``, into that projection's input columns (``W @ (g * x) == (W * g) @ x``): the layer
   then only computes ``x / sqrt(sum(x^2) + hidden * eps)`` (:func:`tandem.model.layers.unit_rms`). The
   final norm keeps its own gain (times ``sqrt(hidden)``), so ``hidden_states`` are the checkpoint's.
+
+Block-quantized matrices (:class:`~tandem.model.block_quant.BlockQuantWeight`, ``quantization="gguf"``) take
+the same transforms without leaving their blocks: row permutations and concatenations move whole rows,
+and a gain that cannot be folded into blocks is kept beside the matrix and applied to its input.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.model_args import ModelArgs
 from tandem.model.parallel import ShardPlan
 from tandem.model.rope import interleave_heads
@@ -26,24 +31,27 @@ from tandem.model.rope import interleave_heads
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+Matrix = torch.Tensor | BlockQuantWeight
+
+
 @dataclass(frozen=True)
 class LayerWeights:
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden], input-norm gain folded in
+    qkv: Matrix  # [(heads + 2 * kv_heads) * head_dim, hidden], input-norm gain folded in
     qkv_bias: torch.Tensor | None
     # [heads + kv_heads, head_dim]: q_norm's gain for each q head, then k_norm's for each k head.
     qk_norm: torch.Tensor | None
-    o_proj: torch.Tensor  # [hidden, heads * head_dim]
+    o_proj: Matrix  # [hidden, heads * head_dim]
     o_bias: torch.Tensor | None
-    gate_up: torch.Tensor  # [2 * intermediate, hidden], post-attention-norm gain folded in
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: Matrix  # [2 * intermediate, hidden], post-attention-norm gain folded in
+    down: Matrix  # [hidden, intermediate]
 
 
 @dataclass(frozen=True)
 class ModelWeights:
-    embed: torch.Tensor  # [vocab, hidden]
+    embed: Matrix  # [vocab, hidden]
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor  # [hidden], the final norm's gain times sqrt(hidden)
-    lm_head: torch.Tensor | None  # None when tied to ``embed``
+    lm_head: Matrix | None  # None when tied to ``embed``
 
 
 def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
@@ -92,7 +100,7 @@ def _optional_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def validate(args: ModelArgs, tensors: Mapping[str, torch.Tensor]) -> None:
+def validate(args: ModelArgs, tensors: Mapping[str, Matrix]) -> None:
     """Raise ``ValueError`` naming the first missing, misshapen or unexpected tensor."""
     required = expected_shapes(args)
     optional = _optional_shapes(args)
@@ -109,13 +117,79 @@ def validate(args: ModelArgs, tensors: Mapping[str, torch.Tensor]) -> None:
             raise ValueError(
                 f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {found} from the config"
             )
+        if isinstance(tensor, BlockQuantWeight):
+            continue
         if not tensor.is_floating_point():
             raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}, expected a floating type")
 
 
+def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: torch.device | str,
+                       dtype: torch.dtype) -> ModelWeights:
+    """:func:`prepare_weights` for a checkpoint whose matrices are block-quantized (one rank, the CPU):
+    the same fusions, permutations and gains, on rows of blocks; vectors and any plain matrix as usual."""
+    heads, kv_heads, hd = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+
+    def vec(name: str) -> torch.Tensor:
+        return tensors[name].to(device=device, dtype=torch.float32)  # type: ignore[union-attr]
+
+    def gain(name: str) -> torch.Tensor:
+        return vec(name) * args.hidden_size**0.5
+
+    def quant(name: str) -> BlockQuantWeight:
+        t = tensors[name]
+        if isinstance(t, BlockQuantWeight):
+            return t
+        raise ValueError(f"tensor {name!r}: quantization 'gguf' needs every layer matrix block-quantized")
+
+    def interleaved(w: BlockQuantWeight, n: int) -> BlockQuantWeight:
+        order = interleave_heads(torch.arange(w.shape[0]).unsqueeze(1), n, hd)[:, 0]
+        return w.take_rows(order)
+
+    def plain(t: Matrix) -> Matrix:
+        return t if isinstance(t, BlockQuantWeight) else t.to(device=device, dtype=dtype).contiguous()
+
+    layers = []
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        q = interleaved(quant(a + "q_proj.weight"), heads)
+        k = interleaved(quant(a + "k_proj.weight"), kv_heads)
+        qkv = BlockQuantWeight.stack([q, k, quant(a + "v_proj.weight")], f"{p}qkv")
+        gate_up = BlockQuantWeight.stack([quant(p + "mlp.gate_proj.weight"), quant(p + "mlp.up_proj.weight")],
+                                         f"{p}gate_up")
+        qkv_bias = qk_norm = o_bias = None
+        if args.attention_bias:
+            qb = interleave_heads(vec(a + "q_proj.bias"), heads, hd)
+            kb = interleave_heads(vec(a + "k_proj.bias"), kv_heads, hd)
+            qkv_bias = torch.cat([qb, kb, vec(a + "v_proj.bias")]).to(dtype).contiguous()
+        if args.qk_norm:
+            qn = interleave_heads(vec(a + "q_norm.weight"), 1, hd)
+            kn = interleave_heads(vec(a + "k_norm.weight"), 1, hd)
+            qk_norm = torch.cat([qn.expand(heads, hd), kn.expand(kv_heads, hd)]).to(dtype).contiguous()
+        if a + "o_proj.bias" in tensors:
+            o_bias = vec(a + "o_proj.bias").to(dtype).contiguous()
+        layers.append(
+            LayerWeights(
+                qkv=qkv.with_gain(gain(p + "input_layernorm.weight")),
+                qkv_bias=qkv_bias,
+                qk_norm=qk_norm,
+                o_proj=quant(a + "o_proj.weight"),
+                o_bias=o_bias,
+                gate_up=gate_up.with_gain(gain(p + "post_attention_layernorm.weight")),
+                down=quant(p + "mlp.down_proj.weight"),
+            )
+        )
+    return ModelWeights(
+        embed=plain(tensors["model.embed_tokens.weight"]),
+        layers=tuple(layers),
+        norm=gain("model.norm.weight").to(dtype).contiguous(),
+        lm_head=None if args.tie_word_embeddings else plain(tensors["lm_head.weight"]),
+    )
+
+
 def prepare_weights(
     args: ModelArgs,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, Matrix],
     dtype: torch.dtype,
     device: torch.device | str,
     shard: ShardPlan | None = None,
@@ -124,12 +198,19 @@ def prepare_weights(
     weight is rounded once). Returns contiguous tensors. With a tensor-parallel ``shard``, only the
     rank's slices (model/parallel.py); the default one-rank plan slices nothing."""
     validate(args, tensors)
+    if any(isinstance(t, BlockQuantWeight) for t in tensors.values()):
+        if shard is not None and shard.world_size > 1:
+            raise ValueError("block-quantized weights (quantization 'gguf') run on one rank; "
+                             "use quantization 'none' with tensor_parallel_size > 1")
+        if torch.device(device).type != "cpu" or dtype != torch.float32:
+            raise ValueError("block-quantized weights (quantization 'gguf') run on the CPU in float32")
+        return _quantized_weights(args, tensors, device, dtype)
     heads, kv_heads, hd = args.num_attention_heads, args.num_key_value_heads, args.head_dim
     s = shard if shard is not None else ShardPlan.single(args)
     qs, kvs, fs = s.q_rows(hd), s.kv_rows(hd), s.ffn_rows
 
     def get(name: str) -> torch.Tensor:
-        return tensors[name].to(device=device, dtype=torch.float32)
+        return tensors[name].to(device=device, dtype=torch.float32)  # type: ignore[union-attr]
 
     def out(t: torch.Tensor) -> torch.Tensor:
         return t.to(dtype).contiguous()

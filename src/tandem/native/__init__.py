@@ -4,8 +4,14 @@ Why C and why at run time: a few hot loops (paged attention over short queries) 
 of torch ops (gather the context, pad, SDPA, scatter) than as one pass over the cache, and a plain C file
 needs no torch headers, no build step at install time and no wheel per platform. The library is built
 once per (source, compiler, CPU flags) into ``$TANDEM_CACHE_DIR/native/<hash>/`` (atomic rename, so
-concurrent first uses are safe) with ``-march=native``, and linked against the OpenMP runtime torch has
-already loaded (``libgomp.so.1``), so both share one thread pool.
+concurrent first uses are safe), and linked against the OpenMP runtime torch has already loaded
+(``libgomp.so.1``), so both share one thread pool.
+
+ISA: a library is built for one instruction set (:data:`ISA_FLAGS`): ``native`` (``-march=native``, what
+this CPU has: AVX-512 where present, else AVX2), ``avx2`` (x86-64-v3: AVX2, FMA, F16C) and ``portable``
+(baseline x86-64, the C code's scalar paths). The engine runs ``native`` (or ``$TANDEM_NATIVE_ISA``, read in
+:func:`default_isa`); the tests run every variant this CPU can execute against the same references, so the
+portable and AVX2 paths are checked on an AVX-512 machine too.
 
 Every native kernel has a torch reference path; when no compiler is found, the build fails or
 ``TANDEM_NATIVE=0`` is set, :func:`load` returns ``None`` and callers use that path. Tests check each
@@ -18,6 +24,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -31,14 +38,48 @@ from tandem.cache import cache_dir
 log = logging.getLogger(__name__)
 
 _SOURCES = Path(__file__).resolve().parent
-_FLAGS = ["-O3", "-ffast-math", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+ISA_FLAGS = {
+    "native": ["-march=native"],
+    "avx2": ["-march=x86-64-v3", "-mtune=native"],
+    "portable": ["-march=x86-64", "-mtune=native"],
+}
+# CPU flags an ISA variant needs to run (``native`` is by definition this CPU's).
+_ISA_NEEDS = {"native": (), "avx2": ("avx2", "fma", "f16c", "bmi2"), "portable": ()}
 _lock = threading.Lock()
-_loaded: dict[str, ctypes.CDLL | None] = {}
+_loaded: dict[tuple[str, str], ctypes.CDLL | None] = {}
 
 
 def enabled() -> bool:
     """Native kernels are on unless ``TANDEM_NATIVE=0``."""
     return os.environ.get("TANDEM_NATIVE", "1") != "0"
+
+
+def default_isa() -> str:
+    """The ISA variant the engine's kernels are built for: ``$TANDEM_NATIVE_ISA`` or ``native``."""
+    isa = os.environ.get("TANDEM_NATIVE_ISA", "native")
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"TANDEM_NATIVE_ISA={isa!r}; one of {sorted(ISA_FLAGS)}")
+    return isa
+
+
+def runnable_isas() -> list[str]:
+    """The ISA variants this CPU can execute (``native`` always; the x86 variants on x86 CPUs only)."""
+    flags = set(_cpu_flags().split())
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    out = ["native"]
+    for isa in ("avx2", "portable"):
+        if x86 and all(f in flags for f in _ISA_NEEDS[isa]):
+            out.append(isa)
+    return out
+
+
+def cpu_isa() -> str:
+    """What ``native`` compiles to on this CPU, in the names the kernels report: avx512, avx2 or portable."""
+    flags = set(_cpu_flags().split())
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+        return "avx512"
+    return "avx2" if {"avx2", "fma"} <= flags else "portable"
 
 
 def _cache_root() -> Path:
@@ -64,13 +105,13 @@ def _source_files() -> list[Path]:
     return sorted(f for f in _SOURCES.iterdir() if f.suffix in (".c", ".h"))
 
 
-def _build(name: str, cc: str) -> Path:
+def _build(name: str, cc: str, isa: str = "native") -> Path:
     # Sources may include each other (shared headers, one kernel inside another), so every C file
     # here is part of the key: editing any of them rebuilds every library.
     sources = [f.name.encode() + b"\0" + f.read_bytes() for f in _source_files()]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256(
-        b"\0".join([name.encode(), *sources, version.encode(), " ".join(_FLAGS).encode(),
+        b"\0".join([name.encode(), *sources, version.encode(), " ".join(_FLAGS + ISA_FLAGS[isa]).encode(),
                     _cpu_flags().encode()])
     ).hexdigest()[:16]
     out_dir = _cache_root() / key
@@ -81,7 +122,7 @@ def _build(name: str, cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        cmd = [cc, *_FLAGS, "-o", tmp, str(_SOURCES / f"{name}.c"), "-lm"]
+        cmd = [cc, *_FLAGS, *ISA_FLAGS[isa], "-o", tmp, str(_SOURCES / f"{name}.c"), "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
@@ -114,22 +155,26 @@ def _open_keeping_fp_env(path: Path) -> ctypes.CDLL:
             libc.fesetenv(env)
 
 
-def load(name: str) -> ctypes.CDLL | None:
-    """The compiled library ``name`` (``native/<name>.c``), or ``None`` where native kernels are off or
-    cannot be built (the reason is logged once)."""
+def load(name: str, isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled library ``name`` (``native/<name>.c``) for ``isa`` (default :func:`default_isa`), or
+    ``None`` where native kernels are off or cannot be built (the reason is logged once)."""
     if not enabled():
         return None
+    isa = isa or default_isa()
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"native ISA {isa!r}; one of {sorted(ISA_FLAGS)}")
+    key = (name, isa)
     with _lock:
-        if name in _loaded:
-            return _loaded[name]
+        if key in _loaded:
+            return _loaded[key]
         lib = None
         cc = _compiler()
         if cc is None:
             log.warning("native kernel %s unavailable: no C compiler (set CC); using torch ops", name)
         else:
             try:
-                lib = _open_keeping_fp_env(_build(name, cc))
+                lib = _open_keeping_fp_env(_build(name, cc, isa))
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 log.warning("native kernel %s unavailable, using torch ops: %s", name, exc)
-        _loaded[name] = lib
+        _loaded[key] = lib
         return lib

@@ -19,11 +19,13 @@
 
 #include "gemv.h"
 #include "paged_attention.c"
+#include "quant.h"
 
-#define TANDEM_DECODE_FORWARD_ABI 3
+#define TANDEM_DECODE_FORWARD_ABI 4
 #define MAX_ROWS 8 /* short steps: one decode row, or a decode row and up to 7 drafts */
-#define LAYER_PTRS 13 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the
-                        * int8 weights' scales (qkv, o_proj, gate_up, down; 0 otherwise) */
+#define LAYER_PTRS 17 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the
+                        * int8 weights' scales (qkv, o_proj, gate_up, down; 0 otherwise), then the
+                        * block-quantized matrices' descriptors (quant.h; same order; 0 otherwise) */
 
 typedef struct {
     int is_bf16; /* activations, KV cache and roundings */
@@ -37,6 +39,17 @@ typedef struct {
 
 /* The dtype of the matrix whose scale pointer is ``scale``: int8 where it has scales, else the layer's. */
 static inline int matrix_dtype(const Shape *s, int64_t scale) { return scale ? W_INT8 : s->wdt; }
+
+/* y[r * ldy + o] = x[r] . W_m[o] for the layer's matrix m (0 qkv, 1 o_proj, 2 gate_up, 3 down): a GGUF
+ * block-quantized matrix where it has a descriptor (its input gain applied by q_gemv), else gemv_rows in the
+ * matrix's dtype. Returns 0 or a negative error. */
+static int layer_product(const Shape *s, const int64_t *lp, int m, const float *x, int64_t in, int64_t out,
+                         float *y, int64_t ldy) {
+    static const int weight_slot[4] = {0, 3, 5, 6};
+    if (lp[13 + m]) return q_gemv((const int64_t *)lp[13 + m], x, s->rows, y, ldy, s->threads);
+    return gemv_rows(x, s->rows, in, (const void *)lp[weight_slot[m]], (const float *)lp[9 + m], out,
+                     matrix_dtype(s, lp[9 + m]), y, ldy, s->threads);
+}
 
 static inline void store_elem(void *base, int64_t i, float v, int is_bf16) {
     if (is_bf16)
@@ -64,11 +77,9 @@ static int attention_inputs(const Shape *s, const int64_t *lp, const float *hin,
                              void *q_out) {
     const int bf = s->is_bf16;
     const int64_t hd = s->head_dim, nqk = s->heads + s->kv_heads, width = (nqk + s->kv_heads) * hd;
-    const void *w = (const void *)lp[0], *bias = (const void *)lp[1], *qk_norm = (const void *)lp[2];
+    const void *bias = (const void *)lp[1], *qk_norm = (const void *)lp[2];
     void *k_cache = (void *)lp[7], *v_cache = (void *)lp[8];
-    if (gemv_rows(hin, s->rows, in_width, w, (const float *)lp[9], width, matrix_dtype(s, lp[9]), qkv, width,
-                  s->threads))
-        return -2;
+    if (layer_product(s, lp, 0, hin, in_width, width, qkv, width)) return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         float *row = qkv + r * width;
         for (int64_t j = 0; j < width; j++)
@@ -106,17 +117,14 @@ static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *at
                       float *hbuf, float *gu, float *act) {
     const int bf = s->is_bf16;
     const int64_t h = s->hidden, a = s->heads * s->head_dim, inter = s->inter;
-    const void *o_w = (const void *)lp[3], *o_bias = (const void *)lp[4];
+    const void *o_bias = (const void *)lp[4];
     for (int64_t i = 0; i < s->rows * a; i++) abuf[i] = load_elem(attn, i, bf);
-    if (gemv_rows(abuf, s->rows, a, o_w, (const float *)lp[10], h, matrix_dtype(s, lp[10]), hbuf, h, s->threads))
-        return -2;
+    if (layer_product(s, lp, 1, abuf, a, h, hbuf, h)) return -2;
     for (int64_t r = 0; r < s->rows; r++)
         for (int64_t i = 0; i < h; i++)
             x[r * h + i] = round_to(x[r * h + i] + hbuf[r * h + i] + (o_bias ? load_elem(o_bias, i, bf) : 0.0f), bf);
     unit_rms_rows(s, x, hbuf);
-    if (gemv_rows(hbuf, s->rows, h, (const void *)lp[5], (const float *)lp[11], 2 * inter, matrix_dtype(s, lp[11]),
-                  gu, 2 * inter, s->threads))
-        return -2;
+    if (layer_product(s, lp, 2, hbuf, h, 2 * inter, gu, 2 * inter)) return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         const float *g = gu + r * 2 * inter, *u = g + inter;
         for (int64_t i = 0; i < inter; i++) {
@@ -125,9 +133,7 @@ static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *at
             act[r * inter + i] = round_to(silu * round_to(u[i], bf), bf);
         }
     }
-    if (gemv_rows(act, s->rows, inter, (const void *)lp[6], (const float *)lp[12], h, matrix_dtype(s, lp[12]), hbuf,
-                  h, s->threads))
-        return -2;
+    if (layer_product(s, lp, 3, act, inter, h, hbuf, h)) return -2;
     for (int64_t i = 0; i < s->rows * h; i++) x[i] = round_to(x[i] + hbuf[i], bf);
     return 0;
 }

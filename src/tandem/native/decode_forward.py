@@ -15,14 +15,16 @@ from dataclasses import dataclass
 import torch
 
 from tandem import native
+from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.quant import Int8Weight
 from tandem.native.paged_attention import PagedAttentionIndices
 from tandem.native.small_linear import DTYPES, W_DTYPES, check_dense
 
-_ABI = 3
+_ABI = 4
 # qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the int8 weights' scales
-# (qkv, o_proj, gate_up, down; 0 for other weights)
-LAYER_PTRS = 13
+# (qkv, o_proj, gate_up, down; 0 for other weights), then the block-quantized matrices' descriptors (same
+# order; 0 for other weights)
+LAYER_PTRS = 17
 _MATRICES = ("qkv", "o_proj", "gate_up", "down")
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _FORWARD_ARGS = [
@@ -67,6 +69,7 @@ class LayerTable:
     weight_dtype: torch.dtype | None = None  # None: ``dtype``
     qkv_in: int = 0  # the qkv product's input width
     int8: bool = False  # whether any matrix is int8 (has scales)
+    block_quant: bool = False  # whether any matrix is GGUF block-quantized (has a descriptor)
 
     @property
     def weights(self) -> torch.dtype:
@@ -90,7 +93,7 @@ class DecodeForwardKernel:
     @staticmethod
     def layer_table(
         shape: StackShape,
-        layers: Sequence[dict[str, torch.Tensor | Int8Weight | None]],
+        layers: Sequence[dict[str, torch.Tensor | Int8Weight | BlockQuantWeight | None]],
         k_caches: Sequence[torch.Tensor],
         v_caches: Sequence[torch.Tensor],
         in_width: int | None = None,
@@ -100,11 +103,15 @@ class DecodeForwardKernel:
         ``in_width``: the qkv product's input width (a head layer's attention input; default hidden).
         The weights share one dtype (``LayerTable.weight_dtype``), except that under float32
         activations any of the four matrices may be int8 (:class:`Int8Weight`; its scales addressed
-        after the caches); the caches (and ``LayerTable.dtype``) may be float32 under bf16 weights (a
+        after the caches) or GGUF block-quantized (:class:`BlockQuantWeight`; its descriptor addressed after
+        the scales; a type without a native dequantizer is refused); the caches (and ``LayerTable.dtype``) may be float32 under bf16 weights (a
         head layer)."""
         s = shape
-        plain = [lw[n] for lw in layers for n in _MATRICES if not isinstance(lw[n], Int8Weight)]
+        special = (Int8Weight, BlockQuantWeight)
+        plain = [lw[n] for lw in layers for n in _MATRICES if not isinstance(lw[n], special)]
         dtype = plain[0].dtype if plain else torch.bfloat16  # type: ignore[union-attr]
+        if not plain and any(isinstance(lw[n], BlockQuantWeight) for lw in layers for n in _MATRICES):
+            dtype = k_caches[0].dtype
         if dtype not in DTYPES:
             raise ValueError(f"native decode: dtype {dtype} not in {DTYPES}")
         width, attn = (s.heads + 2 * s.kv_heads) * s.head_dim, s.heads * s.head_dim
@@ -117,9 +124,9 @@ class DecodeForwardKernel:
         cache_shape = tuple(k_caches[0].shape)
         if len(cache_shape) != 4 or cache_shape[2:] != (s.kv_heads, s.head_dim):
             raise ValueError(f"native decode: cache shape {cache_shape} for {s.kv_heads}x{s.head_dim}")
-        rows, keep, int8 = [], [], False
+        rows, keep, int8, blocks = [], [], False, False
         for i, lw in enumerate(layers):
-            row, scales = [], {n: 0 for n in _MATRICES}
+            row, scales, descs = [], {n: 0 for n in _MATRICES}, {n: 0 for n in _MATRICES}
             for name, want in shapes.items():
                 t = lw[name]
                 if t is None:
@@ -127,6 +134,22 @@ class DecodeForwardKernel:
                         row.append(0)
                         continue
                     raise ValueError(f"native decode: layer {i} has no {name}")
+                if isinstance(t, BlockQuantWeight):
+                    if k_caches[0].dtype != torch.float32 or tuple(t.shape) != want:
+                        raise ValueError(
+                            f"native decode: layer {i} {name}: block-quantized {tuple(t.shape)} (want {want}), "
+                            "float32 activations only"
+                        )
+                    from tandem.native.quant_linear import quant_linear_kernel
+
+                    qk = quant_linear_kernel()
+                    if qk is None or not qk.supports(t):
+                        raise ValueError(f"native decode: layer {i} {name}: no native kernel for {t.types}")
+                    descs[name] = t.descriptor.data_ptr()
+                    keep.append(t)
+                    row.append(0)
+                    blocks = True
+                    continue
                 t_dtype = dtype if name in _MATRICES else k_caches[0].dtype
                 if isinstance(t, Int8Weight):
                     if name not in _MATRICES or k_caches[0].dtype != torch.float32:
@@ -142,13 +165,14 @@ class DecodeForwardKernel:
                 check_dense(cache, cache_shape, k_caches[0].dtype, f"layer {i} {name}")
                 row.append(cache.data_ptr())
                 keep.append(cache)
-            rows.append(row + list(scales.values()))
+            rows.append(row + list(scales.values()) + list(descs.values()))
         ptrs = torch.tensor(rows, dtype=torch.int64)
         if k_caches[0].dtype != dtype and (k_caches[0].dtype, dtype) != (torch.float32, torch.bfloat16):
             raise ValueError(f"native decode: {dtype} weights over a {k_caches[0].dtype} cache")
         # (biases and norms are checked in the activations' dtype, the one the C code reads them in)
         return LayerTable(
-            ptrs, tuple(keep), k_caches[0].dtype, cache_shape[0], cache_shape[1], dtype, shapes["qkv"][1], int8
+            ptrs, tuple(keep), k_caches[0].dtype, cache_shape[0], cache_shape[1], dtype, shapes["qkv"][1], int8,
+            blocks,
         )
 
     def __call__(

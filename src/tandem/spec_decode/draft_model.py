@@ -53,9 +53,8 @@ class DraftModelProposer(Proposer):
         block_size: int,
         **_: Any,
     ) -> DraftModelProposer:
-        from tandem.worker.worker import DTYPES
-
         from tandem.spec_decode.make_draft import resolve_shipped_draft
+        from tandem.worker.worker import DTYPES
 
         name = config.model or "smollm2-135m-instruct-draft"
         path = resolve_shipped_draft(name) or name

@@ -29,6 +29,7 @@ import torch
 
 from tandem.config import SpeculativeConfig
 from tandem.model.attention import AttentionBackend
+from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.loader import Checkpoint
 from tandem.model.quant import Int8Weight
@@ -41,8 +42,13 @@ from tandem.spec_decode.proposer import ProposeInput, Proposer
 log = logging.getLogger(__name__)
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.to(device=b.device, dtype=b.dtype), b)
+def _same(a: torch.Tensor, b: torch.Tensor | BlockQuantWeight) -> bool:
+    """Whether ``a`` holds exactly ``b``'s values (a block-quantized ``b``: its dequantized values)."""
+    if a.shape != b.shape:
+        return False
+    if isinstance(b, BlockQuantWeight):
+        return torch.equal(a.to(torch.float32), b.dequantize(torch.float32))
+    return torch.equal(a.to(device=b.device, dtype=b.dtype), b)
 
 
 def shared_head_tensors(
@@ -58,7 +64,7 @@ def shared_head_tensors(
     embedding / LM head / maps out of ``tensors``."""
     dtype, device, vd = target.dtype, target.device, cfg.draft_vocab_size
     # The target's whole-vocabulary embedding and LM head (``target_vocab``: gathered under TP).
-    target_embed, target_head = target_vocab or (target.embed_tokens, target.lm_head)
+    target_embed, target_head = target_vocab or (target.embed_tokens, target.lm_head)  # may be block-quantized
     own_embed = tensors.pop("embed_tokens.weight", None)
     own_head = tensors.pop("lm_head.weight", None)
     d2t = tensors.pop("d2t", None)
@@ -78,6 +84,8 @@ def shared_head_tensors(
     source = target_head if own_head is None else own_head.to(device=device, dtype=dtype).contiguous()
     if source.shape[0] == vd:
         lm_head = source
+    elif isinstance(source, BlockQuantWeight):  # the target's blocks, rows selected (never requantized)
+        lm_head = source.take_rows(torch.arange(vd) if draft_map is None else draft_map)
     elif draft_map is None:
         lm_head = source[:vd]  # a view: same storage
     else:  # a scattered draft vocabulary over a full-vocabulary head: its rows (a copy)
@@ -85,7 +93,11 @@ def shared_head_tensors(
     return embed, lm_head, draft_map
 
 
-def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _shares_storage(a: torch.Tensor | BlockQuantWeight, b: torch.Tensor | BlockQuantWeight) -> bool:
+    """Whether the draft LM head ``a`` is (a view of) the target's ``b``; rows of a block-quantized target
+    head count as shared: they keep the target's blocks instead of being quantized again."""
+    if isinstance(a, BlockQuantWeight) or isinstance(b, BlockQuantWeight):
+        return isinstance(a, BlockQuantWeight)
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 

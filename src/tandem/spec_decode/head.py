@@ -25,9 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.model.block_quant import embedding
 from tandem.model.linear import LinearKernels, TorchLinear
 from tandem.model.quant import Int8Weight
-from tandem.model.rope import apply_rope, interleave_heads, interleave_permutation, rope_inv_freq, rotation_table
+from tandem.model.rope import (
+    apply_rope,
+    interleave_heads,
+    interleave_permutation,
+    rope_inv_freq,
+    rotation_table,
+)
 from tandem.spec_decode.eagle_checkpoint import HeadConfig
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -164,7 +171,7 @@ class DraftHead(nn.Module):
         """The decoder layer's residual stream ``[N, H]`` and its (normed) attention input ``[N, H or
         2H]``: the method's fusion of the tokens' embeddings and the features (table above)."""
         method, mm = self.cfg.method, self.linear
-        emb = F.embedding(ids, self.embed)
+        emb = embedding(ids, self.embed, self.dtype)
         if method == "eagle":
             residual = mm.linear(torch.cat([emb, feat], dim=-1), self.fc, self._opt("fc.bias"))
             w = self._opt("input_layernorm.weight")

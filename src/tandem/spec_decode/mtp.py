@@ -17,7 +17,11 @@ from tandem.config import SpeculativeConfig
 from tandem.model.loader import Checkpoint
 from tandem.model.transformer import CausalLM
 from tandem.spec_decode.eagle import DraftHeadProposer
-from tandem.spec_decode.eagle_checkpoint import check_against_target, has_mtp_weights, load_mtp_layer
+from tandem.spec_decode.eagle_checkpoint import (
+    check_against_target,
+    has_mtp_weights,
+    load_mtp_layer,
+)
 
 
 class MtpProposer(DraftHeadProposer):

@@ -23,9 +23,14 @@ import torch
 
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
 from tandem.model.forward_batch import KVCache
-from tandem.model.quant import Int8Weight
 from tandem.model.native_decode import native_decode_enabled, short_paged_step
-from tandem.native.decode_forward import DTYPES, DecodeForwardKernel, StackShape, decode_forward_kernel
+from tandem.model.quant import Int8Weight
+from tandem.native.decode_forward import (
+    DTYPES,
+    DecodeForwardKernel,
+    StackShape,
+    decode_forward_kernel,
+)
 from tandem.spec_decode.head import DraftHead
 
 

@@ -35,6 +35,7 @@ class WorkerSpec:
     tp_rank: int = 0
     dist: DistInit | None = None
     device: str | None = None
+    quantized: bool = False  # the resolved quantization is "gguf": matrices stay in their GGUF blocks
 
     @property
     def dtype(self) -> torch.dtype:
@@ -49,7 +50,7 @@ def build_runner(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but CUDA is not available")
     comm = connect(spec.dist, spec.tp_rank, device)  # blocks until every rank has joined
-    ckpt = checkpoint or load_checkpoint(cfg.model.model, spec.dtype)
+    ckpt = checkpoint or load_checkpoint(cfg.model.model, spec.dtype, keep_quantized=spec.quantized)
     model = CausalLM.from_tensors(ckpt.args, ckpt.tensors, spec.dtype, device, comm=comm)
     args = ckpt.args
     kv = KVCache.allocate(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.loader.gguf import gguf_model_args, load_gguf_tensors
 from tandem.model.loader.gguf_file import GGUFFile
 from tandem.model.loader.hf import hf_model_args, load_hf_tensors
@@ -31,7 +32,8 @@ _HASH_CHUNK = 1 << 22
 @dataclass(frozen=True, eq=False)
 class Checkpoint:
     args: ModelArgs
-    tensors: dict[str, torch.Tensor]  # HF names, requested dtype, CPU
+    # HF names, requested dtype, CPU; block-quantized matrices as BlockQuantWeight (keep_quantized)
+    tensors: dict[str, torch.Tensor | BlockQuantWeight]
     tokenizer: Tokenizer
     source: Path  # the .gguf file or the checkpoint directory
     weight_files: tuple[Path, ...] = field(default=(), repr=False)
@@ -66,8 +68,11 @@ def load_tokenizer(model: str | Path) -> Tokenizer:
     return gguf_tokenizer(GGUFFile.open(path))
 
 
-def load_checkpoint(model: str | Path, dtype: torch.dtype = torch.float32) -> Checkpoint:
-    """Hyper-parameters, weights (dequantized / cast to ``dtype``) and tokenizer of ``model``."""
+def load_checkpoint(
+    model: str | Path, dtype: torch.dtype = torch.float32, keep_quantized: bool = False
+) -> Checkpoint:
+    """Hyper-parameters, weights (dequantized / cast to ``dtype``; with ``keep_quantized`` a GGUF file's
+    block-quantized matrices stay in their blocks, model/block_quant.py) and tokenizer of ``model``."""
     if not dtype.is_floating_point:
         raise ValueError(f"load_checkpoint: dtype must be a floating-point type, got {dtype}")
     path = resolve_model(model)
@@ -78,7 +83,7 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype = torch.float32) -> Ch
     else:
         gf = GGUFFile.open(path)
         args = gguf_model_args(gf)
-        tensors, files = load_gguf_tensors(gf, args, dtype), [path]
+        tensors, files = load_gguf_tensors(gf, args, dtype, keep_quantized), [path]
         tokenizer = gguf_tokenizer(gf)
     if tokenizer.vocab_size > args.vocab_size:
         raise ValueError(

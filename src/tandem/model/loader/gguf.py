@@ -3,8 +3,9 @@
 Three things differ from a Hugging Face checkpoint and are undone here:
 
 1. Names: llama.cpp's ``blk.N.attn_q.weight`` is HF's ``model.layers.N.self_attn.q_proj.weight``.
-2. Storage: tensors may be block-quantized; they are dequantized to float32 (see ``quants.py``),
-   then cast to the requested dtype.
+2. Storage: tensors may be block-quantized. With ``keep_quantized`` (``quantization="gguf"``) every
+   matrix in a type the native kernels compute on stays in its blocks (model/block_quant.py); everything
+   else is dequantized to float32 through gguf-py (``quants.py``), then cast to the requested dtype.
 3. Row order of ``attn_q`` / ``attn_k`` for the ``llama`` architecture: llama.cpp's converter
    regroups each head's rows from HF's rotate-half layout (first half of the head dims, then the
    second half) into interleaved pairs, because its RoPE kernel rotates adjacent elements. A head's
@@ -16,12 +17,16 @@ A missing ``output.weight`` means the output projection is tied to ``token_embd`
 
 from __future__ import annotations
 
+import logging
 import re
 
 import torch
 
+from tandem.model.block_quant import FLOAT_TYPES, KERNEL_TYPES, BlockQuantWeight
 from tandem.model.loader.gguf_file import GGUFFile
-from tandem.model.loader.quants import dequantize
+from tandem.model.loader.quants import dequantize, type_name
+
+log = logging.getLogger(__name__)
 from tandem.model.loader.tensor_spec import check_tensors
 from tandem.model.model_args import ModelArgs
 
@@ -139,17 +144,62 @@ def unpermute_rows(tensor: torch.Tensor, n_heads: int) -> torch.Tensor:
     return tensor.reshape(n_heads, half, 2, *rest).transpose(1, 2).reshape(rows, *rest)
 
 
-def load_gguf_tensors(gf: GGUFFile, args: ModelArgs, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every weight of ``gf`` under its HF name, dequantized and cast to ``dtype`` (CPU)."""
+def is_quantized_file(gf: GGUFFile) -> bool:
+    """Whether any matrix of ``gf`` is stored in a block type the native kernels compute on."""
+    return any(len(t.shape) == 2 and t.ggml_type in KERNEL_TYPES for t in gf.tensors.values())
+
+
+def load_gguf_tensors(
+    gf: GGUFFile, args: ModelArgs, dtype: torch.dtype, keep_quantized: bool = False
+) -> dict[str, torch.Tensor | BlockQuantWeight]:
+    """Every weight of ``gf`` under its HF name (CPU): dequantized and cast to ``dtype``, or with
+    ``keep_quantized`` a :class:`BlockQuantWeight` for each matrix in a kernel type. A quantized type
+    without a kernel is dequantized through gguf-py, and named once in the log."""
     names = {hf_tensor_name(name, gf.path): name for name in gf.tensors}
     check_tensors({hf: gf.tensors[g].shape for hf, g in names.items()}, args, gf.path)
     permuted = {"q_proj": args.num_attention_heads, "k_proj": args.num_key_value_heads}
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor | BlockQuantWeight] = {}
+    fallback: set[str] = set()
     for hf, gname in names.items():
         info = gf.tensors[gname]
-        tensor = dequantize(gf.raw(gname), info.ggml_type, info.shape, gname)
         module = hf.split(".")[-2]
-        if args.family == "llama" and module in permuted:
-            tensor = unpermute_rows(tensor, permuted[module])
+        heads = permuted.get(module) if args.family == "llama" else None
+        if keep_quantized and len(info.shape) == 2 and info.ggml_type in KERNEL_TYPES:
+            weight = BlockQuantWeight.from_raw(gf.raw(gname), info.ggml_type, info.shape, gname)
+            if heads is not None:
+                order = unpermute_rows(torch.arange(info.shape[0]).unsqueeze(1), heads)[:, 0]
+                weight = weight.take_rows(order)
+            out[hf] = weight
+            continue
+        if keep_quantized and info.ggml_type not in FLOAT_TYPES:
+            fallback.add(type_name(info.ggml_type))
+        tensor = dequantize(gf.raw(gname), info.ggml_type, info.shape, gname)
+        if heads is not None:
+            tensor = unpermute_rows(tensor, heads)
         out[hf] = tensor.to(dtype).contiguous()
+    if fallback:
+        log.warning(
+            "%s: no native kernel for %s; those tensors are dequantized at load (gguf-py)",
+            gf.path.name, ", ".join(sorted(fallback)),
+        )
     return out
+
+
+def gguf_weight_plan(gf: GGUFFile, keep_quantized: bool, elem_bytes: int) -> tuple[int, list[str]]:
+    """(resident weight bytes once loaded, the block types kept) from the tensor index alone: with
+    ``keep_quantized`` a matrix in a kernel type keeps its stored bytes, everything else takes
+    ``elem_bytes`` per element (the compute dtype). Q/K/V and gate/up stacks add a gain vector each."""
+    total, types = 0, set()
+    for info in gf.tensors.values():
+        n = 1
+        for d in info.shape:
+            n *= d
+        if keep_quantized and len(info.shape) == 2 and info.ggml_type in KERNEL_TYPES:
+            total += info.nbytes
+            types.add(type_name(info.ggml_type))
+        else:
+            total += n * elem_bytes
+    if keep_quantized and types:
+        args = gguf_model_args(gf)
+        total += 2 * args.num_hidden_layers * args.hidden_size * 4  # the folded norm gains, float32
+    return total, sorted(types)

@@ -34,14 +34,18 @@ from torch import nn
 from tqdm import tqdm
 
 from tandem.model.loader import load_checkpoint
-from tandem.spec_decode.eagle_checkpoint import HeadConfig, check_eagle3_layer_ids, default_eagle3_layer_ids
-from tandem.spec_decode.head_writer import mtp_config_keys, mtp_file_tensors, save_eagle_head
+from tandem.spec_decode.eagle_checkpoint import (
+    HeadConfig,
+    check_eagle3_layer_ids,
+    default_eagle3_layer_ids,
+)
 from tandem.spec_decode.head import DraftHead
+from tandem.spec_decode.head_writer import mtp_config_keys, mtp_file_tensors, save_eagle_head
 from tandem.spec_decode.train.corpus import stdlib_source_chunks
 from tandem.spec_decode.train.data import (
     CorpusSpec,
-    DataSpec,
     Dataset,
+    DataSpec,
     build_corpus,
     build_dataset,
     select_draft_vocab,

@@ -1,0 +1,235 @@
+"""GGUF block-quantized matrices kept in their blocks (``quantization="gguf"``).
+
+A :class:`BlockQuantWeight` is a ``[out, in]`` matrix whose rows are stored as GGML blocks (Q8_0, Q4_0,
+Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; F16 / BF16 / F32 rows too), possibly in several *parts* of different
+types stacked by rows (a fused ``qkv`` whose q, k and v were stored in different types), with an optional
+``gain`` on the input columns: ``y = (x * gain) @ W^T``. The gain is the RMSNorm gain that float32 weights
+have multiplied into their columns (weights.py); blocks cannot absorb it, so it stays a vector.
+
+Row operations (a permutation of q/k rows, a vocabulary subset for a draft head, stacking parts) move
+whole rows of bytes and never requantize. Products run in the native kernels (``native/quant.h``:
+``NativeLinear`` and the native decoder stack); :meth:`BlockQuantWeight.dequantize` is the reference, via
+gguf-py's ``gguf.quants.dequantize``, and what the torch reference path multiplies with.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+QType = GGMLQuantizationType
+# Types the native kernels compute on (native/quant.h); any other GGUF type is dequantized at load.
+KERNEL_TYPES = frozenset(
+    QType(t)
+    for t in (
+        QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K, QType.Q6_K,
+    )
+)  # fmt: skip
+# Types that are plain floats (kept dequantized: there is nothing to save by keeping them).
+FLOAT_TYPES = frozenset((QType.F32, QType.F16, QType.BF16))
+QDESC_HEAD, QDESC_PART = 4, 4  # quant.h's descriptor layout
+
+
+def type_name(qtype: int) -> str:
+    try:
+        return QType(qtype).name
+    except ValueError:
+        return f"unknown type {qtype}"
+
+
+def row_bytes(qtype: int, in_features: int, name: str = "tensor") -> int:
+    """Bytes of one row of ``in_features`` weights; ``ValueError`` naming the tensor and type when the row
+    does not split into whole blocks or the type is unknown."""
+    if qtype not in GGML_QUANT_SIZES:
+        raise ValueError(f"tensor {name!r}: unknown GGML type id {qtype}")
+    block, nbytes = GGML_QUANT_SIZES[QType(qtype)]
+    if in_features % block:
+        raise ValueError(
+            f"tensor {name!r}: row length {in_features} is not a multiple of the {type_name(qtype)} "
+            f"block size {block}"
+        )
+    return in_features // block * nbytes
+
+
+@dataclass(frozen=True, eq=False)
+class BlockPart:
+    qtype: int
+    data: torch.Tensor  # uint8 [rows, row_bytes], contiguous
+
+    @property
+    def rows(self) -> int:
+        return int(self.data.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class BlockQuantWeight:
+    parts: tuple[BlockPart, ...]
+    in_features: int
+    gain: torch.Tensor | None = None  # [in] float32 or None
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise ValueError(f"BlockQuantWeight {self.name!r}: no rows")
+        for p in self.parts:
+            want = row_bytes(p.qtype, self.in_features, self.name)
+            if p.data.dtype != torch.uint8 or p.data.dim() != 2 or p.data.shape[1] != want:
+                raise ValueError(
+                    f"tensor {self.name!r}: {type_name(p.qtype)} rows of {self.in_features} weights take "
+                    f"{want} bytes, got data {p.data.dtype} {tuple(p.data.shape)}"
+                )
+            if not p.data.is_contiguous():
+                raise ValueError(f"tensor {self.name!r}: block data must be contiguous")
+        if self.gain is not None and (
+            self.gain.dtype != torch.float32 or tuple(self.gain.shape) != (self.in_features,)
+        ):
+            raise ValueError(f"tensor {self.name!r}: gain must be float32 [{self.in_features}]")
+
+    # -- construction --------------------------------------------------------------------------------
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, qtype: int, shape: Sequence[int], name: str) -> BlockQuantWeight:
+        """The stored bytes of a 2-D GGUF tensor (row-major ``shape`` [out, in]), copied out of the file."""
+        if len(shape) != 2:
+            raise ValueError(f"tensor {name!r}: a block-quantized matrix must be 2-D, got shape {tuple(shape)}")
+        out, inp = int(shape[0]), int(shape[1])
+        rb = row_bytes(qtype, inp, name)
+        flat = np.asarray(raw).reshape(-1).view(np.uint8)
+        if flat.size != out * rb:
+            raise ValueError(
+                f"tensor {name!r}: {flat.size} bytes of {type_name(qtype)} data, expected {out * rb} "
+                f"for shape {(out, inp)}"
+            )
+        data = torch.from_numpy(flat.reshape(out, rb).copy())
+        return cls((BlockPart(int(qtype), data),), inp, None, name)
+
+    @staticmethod
+    def stack(weights: Sequence[BlockQuantWeight], name: str = "") -> BlockQuantWeight:
+        """The rows of ``weights`` one after another (no gain on any); adjacent parts of one type merge."""
+        inp = weights[0].in_features
+        parts: list[BlockPart] = []
+        for w in weights:
+            if w.in_features != inp or w.gain is not None:
+                raise ValueError(f"stack {name!r}: matrices of {inp} inputs without gains")
+            for p in w.parts:
+                if parts and parts[-1].qtype == p.qtype:
+                    parts[-1] = BlockPart(p.qtype, torch.cat([parts[-1].data, p.data]))
+                else:
+                    parts.append(p)
+        return BlockQuantWeight(tuple(parts), inp, None, name or weights[0].name)
+
+    def with_gain(self, gain: torch.Tensor) -> BlockQuantWeight:
+        g = gain.detach().to(torch.float32).contiguous()
+        if self.gain is not None:
+            g = (g * self.gain).contiguous()
+        return replace(self, gain=g)
+
+    def take_rows(self, index: torch.Tensor | Sequence[int]) -> BlockQuantWeight:
+        """Rows ``index`` (any order, repeats allowed), keeping the gain; parts follow the rows' types."""
+        idx = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.shape[0]):
+            raise ValueError(f"tensor {self.name!r}: row index outside [0, {self.shape[0]})")
+        starts = np.cumsum([0] + [p.rows for p in self.parts])
+        which = np.searchsorted(starts, idx.numpy(), side="right") - 1
+        parts: list[BlockPart] = []
+        k = 0
+        while k < len(which):  # runs of rows from one part keep their order
+            j = k
+            while j < len(which) and which[j] == which[k]:
+                j += 1
+            p = self.parts[which[k]]
+            local = idx[k:j] - int(starts[which[k]])
+            rows = p.data.index_select(0, local)
+            if parts and parts[-1].qtype == p.qtype:
+                parts[-1] = BlockPart(p.qtype, torch.cat([parts[-1].data, rows]))
+            else:
+                parts.append(BlockPart(p.qtype, rows.contiguous()))
+            k = j
+        return BlockQuantWeight(tuple(parts), self.in_features, self.gain, self.name)
+
+    # -- what it is ------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((sum(p.rows for p in self.parts), self.in_features))
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].data.device
+
+    @property
+    def nbytes(self) -> int:
+        """Resident bytes (blocks and gain)."""
+        gain = 0 if self.gain is None else self.gain.numel() * 4
+        return sum(p.data.numel() for p in self.parts) + gain
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        return tuple(type_name(p.qtype) for p in self.parts)
+
+    @cached_property
+    def descriptor(self) -> torch.Tensor:
+        """quant.h's int64 descriptor: [in, n_parts, gain address, out, (type, rows, row bytes, address)...].
+        Holds addresses: the object keeps the tensors alive as long as the descriptor is used."""
+        head = [self.in_features, len(self.parts), 0 if self.gain is None else self.gain.data_ptr(), self.shape[0]]
+        body = [v for p in self.parts for v in (p.qtype, p.rows, p.data.shape[1], p.data.data_ptr())]
+        return torch.tensor(head + body, dtype=torch.int64)
+
+    # -- reference computations --------------------------------------------------------------------------
+    def dequantize(self, dtype: torch.dtype = torch.float32, with_gain: bool = True) -> torch.Tensor:
+        """The matrix the kernels multiply by: gguf-py's dequantization of every part (times the gain)."""
+        rows = [
+            torch.from_numpy(
+                np.ascontiguousarray(gguf_dequantize(p.data.numpy(), QType(p.qtype)), dtype=np.float32)
+            ).reshape(p.rows, self.in_features)
+            for p in self.parts
+        ]
+        w = rows[0] if len(rows) == 1 else torch.cat(rows)
+        if with_gain and self.gain is not None:
+            w = w * self.gain
+        return w.to(dtype)
+
+    def __repr__(self) -> str:
+        return f"BlockQuantWeight({self.name!r}, {tuple(self.shape)}, {'+'.join(self.types)})"
+
+
+def weight_nbytes(w: torch.Tensor | BlockQuantWeight) -> int:
+    if isinstance(w, BlockQuantWeight):
+        return w.nbytes
+    return w.numel() * w.element_size()
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor | BlockQuantWeight, dtype: torch.dtype) -> torch.Tensor:
+    """``F.embedding`` for a plain or a block-quantized table (rows dequantized natively where the kernels
+    build, else through the reference), as ``dtype``."""
+    if not isinstance(weight, BlockQuantWeight):
+        return F.embedding(ids, weight)
+    from tandem.native.quant_linear import quant_linear_kernel
+
+    kernel = quant_linear_kernel()
+    if kernel is not None:
+        return kernel.rows(weight, ids).to(dtype)
+    flat = ids.reshape(-1)
+    return weight.take_rows(flat).dequantize(dtype, with_gain=False).reshape(*ids.shape, weight.in_features)
+
+
+def total_nbytes(tensors: Sequence[torch.Tensor | BlockQuantWeight]) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        total += weight_nbytes(t)
+    return total
+
+
+def num_blocks(shape: Sequence[int], qtype: int) -> int:
+    block, _ = GGML_QUANT_SIZES[QType(qtype)]
+    return math.prod(shape) // block
