@@ -18,6 +18,10 @@ from tokenizers import pre_tokenizers
 
 from tandem.model.loader import UnsupportedQuantError, load_checkpoint, load_tokenizer
 from tandem.model.loader.gguf_file import GGUFFile
+from tests.quant_blocks import random_blocks
+
+# Types written as random blocks (the written HF tensor is then not what the file holds).
+RANDOM_BLOCK_TYPES = (Q.Q2_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 transformers = pytest.importorskip("transformers")
 
@@ -131,8 +135,8 @@ def write_gguf(
         qtype = (quant or {}).get(hf)
         if qtype is None:
             w.add_tensor(gguf_name(hf), data)
-        elif qtype == Q.Q5_0:  # no reference quantizer needed to test the refusal
-            raw = np.zeros((data.shape[0], data.shape[1] // 32 * 22), np.uint8)
+        elif qtype in RANDOM_BLOCK_TYPES:  # gguf-py has no quantizer for these: random blocks
+            raw = random_blocks(qtype, data.shape[0], data.shape[1], np.random.default_rng(len(hf)))
             w.add_tensor(gguf_name(hf), raw, raw_dtype=qtype)
         else:
             w.add_tensor(gguf_name(hf), gguf.quants.quantize(data, qtype), raw_dtype=qtype)
@@ -204,13 +208,21 @@ def test_gguf_reader_agrees_with_gguf_package(tmp_path: Path) -> None:
         assert np.array_equal(ours.raw(t.name), np.asarray(t.data).reshape(-1).view(np.uint8))
 
 
-def test_unsupported_quant_names_tensor_and_type(tmp_path: Path) -> None:
+def test_unknown_quant_type_names_tensor_before_reading_weights(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
     model = tiny_model("llama", tie=True)
-    write_gguf(
-        tmp_path / "m.gguf", "llama", model, quant={"model.layers.1.mlp.up_proj.weight": Q.Q5_0}
-    )
-    with pytest.raises(UnsupportedQuantError, match=r"blk\.1\.ffn_up\.weight.*Q5_0"):
-        load_checkpoint(tmp_path / "m.gguf")
+    write_gguf(path, "llama", model, quant={"model.layers.1.mlp.up_proj.weight": Q.Q8_0})
+    gf = GGUFFile.open(path)
+    info = gf.tensors["blk.1.ffn_up.weight"]
+    data = bytearray(path.read_bytes())
+    # the type id sits right after the tensor's dims in the header: rewrite it to an unknown id
+    name = b"blk.1.ffn_up.weight"
+    at = data.index(name) + len(name) + 4 + 8 * len(info.shape)
+    assert int.from_bytes(data[at : at + 4], "little") == Q.Q8_0
+    data[at : at + 4] = (99).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(UnsupportedQuantError, match=r"blk\.1\.ffn_up\.weight.*99"):
+        load_checkpoint(path)
 
 
 def test_missing_tensor_and_unknown_architecture(tmp_path: Path) -> None:

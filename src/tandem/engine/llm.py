@@ -19,7 +19,7 @@ from tandem.config import (
     SpeculativeConfig,
 )
 from tandem.core.request import RequestStatus
-from tandem.engine.builder import Engine, build_engine
+from tandem.engine.builder import Engine, EnginePlan, build_engine
 from tandem.engine.metrics import Metric, collect_metrics
 from tandem.engine.output_processor import FrontRequest, OutputProcessor
 from tandem.engine.prompts import Prompt, PromptInput, normalize_prompts
@@ -102,6 +102,11 @@ class LLM:
     @property
     def engine(self) -> Engine:
         return self._engine
+
+    @property
+    def engine_plan(self) -> EnginePlan:
+        """What runs: the async and quantization decisions, KV blocks, resident weight bytes, kernels."""
+        return self._engine.plan
 
     @property
     def max_model_len(self) -> int:

@@ -188,9 +188,12 @@ def load_gguf_tensors(
 def gguf_weight_plan(gf: GGUFFile, keep_quantized: bool, elem_bytes: int) -> tuple[int, list[str]]:
     """(resident weight bytes once loaded, the block types kept) from the tensor index alone: with
     ``keep_quantized`` a matrix in a kernel type keeps its stored bytes, everything else takes
-    ``elem_bytes`` per element (the compute dtype). Q/K/V and gate/up stacks add a gain vector each."""
+    ``elem_bytes`` per element (the compute dtype). The layer norms' gains are folded into float weights
+    (weights.py) and kept as the stacks' input gains beside blocks, as many float32 values."""
     total, types = 0, set()
     for info in gf.tensors.values():
+        if not keep_quantized and info.name.endswith(("attn_norm.weight", "ffn_norm.weight")):
+            continue
         n = 1
         for d in info.shape:
             n *= d
@@ -199,7 +202,4 @@ def gguf_weight_plan(gf: GGUFFile, keep_quantized: bool, elem_bytes: int) -> tup
             types.add(type_name(info.ggml_type))
         else:
             total += n * elem_bytes
-    if keep_quantized and types:
-        args = gguf_model_args(gf)
-        total += 2 * args.num_hidden_layers * args.hidden_size * 4  # the folded norm gains, float32
     return total, sorted(types)

@@ -1,0 +1,173 @@
+"""A tiny Llama written to GGUF with a matrix of every kernel type (and a type without a kernel), run with
+its matrices kept in their blocks (``quantization="gguf"``) against the same file dequantized at load
+(``"none"``): the same logits up to summation order and the same greedy tokens, through the native decoder
+stack, the torch layers, the torch reference formulation and the engine; and the decision table."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tandem import LLM, SamplingParams, native
+from tandem.engine.builder import plan_engine
+from tandem.engine.llm import config_from_kwargs
+from tandem.model import CausalLM, KVCache
+from tandem.model.block_quant import BlockQuantWeight
+from tandem.model.linear import create_linear_kernels
+from tandem.model.loader import load_checkpoint
+from tandem.model.paged_batch import PagedRequest, build_forward_batch
+from tandem.quantization import resolve_quantization
+from tests.model.test_loader_gguf import tiny_model, write_gguf
+from tests.quant_blocks import Q
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(
+    native._compiler() is None and shutil.which("gcc") is None, reason="no C compiler"
+)
+
+QUANT = {
+    "model.embed_tokens.weight": Q.Q8_0,  # tied: the LM head too
+    "model.layers.0.self_attn.q_proj.weight": Q.Q4_K,
+    "model.layers.0.self_attn.k_proj.weight": Q.Q8_0,
+    "model.layers.0.self_attn.v_proj.weight": Q.Q6_K,
+    "model.layers.0.self_attn.o_proj.weight": Q.Q4_1,
+    "model.layers.0.mlp.gate_proj.weight": Q.Q5_0,
+    "model.layers.0.mlp.up_proj.weight": Q.Q5_K,
+    "model.layers.0.mlp.down_proj.weight": Q.Q4_0,
+    "model.layers.1.self_attn.q_proj.weight": Q.Q5_1,
+    "model.layers.1.self_attn.k_proj.weight": Q.Q5_1,
+    "model.layers.1.self_attn.v_proj.weight": Q.Q5_1,
+    "model.layers.1.self_attn.o_proj.weight": Q.Q4_K,
+    "model.layers.1.mlp.gate_proj.weight": Q.Q4_1,
+    "model.layers.1.mlp.up_proj.weight": Q.Q4_1,
+    "model.layers.1.mlp.down_proj.weight": Q.Q6_K,
+}
+
+
+def _tiny(path: Path, quant: dict[str, Q] | None = None) -> Path:
+    model = tiny_model("llama", tie=True)
+    cfg = dict(model.config.to_dict(), hidden_size=256, intermediate_size=512, head_dim=64)
+    big = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
+    with torch.no_grad():
+        for name, p in big.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    write_gguf(path, "llama", big.eval(), quant=QUANT if quant is None else quant)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tiny(tmp_path_factory.mktemp("bq") / "tiny-q.gguf")
+
+
+def _models(path: Path, linear: str | None = None) -> tuple[CausalLM, CausalLM]:
+    q = load_checkpoint(path, keep_quantized=True)
+    f = load_checkpoint(path)
+    assert isinstance(q.tensors["model.layers.0.self_attn.q_proj.weight"], BlockQuantWeight)
+    assert not isinstance(f.tensors["model.layers.0.self_attn.q_proj.weight"], BlockQuantWeight)
+    mq = CausalLM.from_tensors(q.args, q.tensors, linear_kernels=linear)
+    mf = CausalLM.from_tensors(f.args, f.tensors, linear_kernels=linear)
+    assert mq.quantized and not mf.quantized
+    assert mq.layers[0].qkv.types == ("Q4_K", "Q8_0", "Q6_K")  # parts of three types, one matrix
+    return mq, mf
+
+
+def _steps(model: CausalLM) -> list[torch.Tensor]:
+    """Logits of a prefill of two prompts, then three decode steps of both (the native stack)."""
+    a = model.args
+    cache = KVCache.allocate(a.num_hidden_layers, 16, 4, a.num_key_value_heads, a.head_dim, torch.float32, "cpu")
+    toks = {"A": [5, 17, 42, 99, 7, 3, 250, 11, 64], "B": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]}
+    blocks = {"A": [0, 1, 2, 3], "B": [4, 5, 6, 7, 8]}
+    done = {"A": 0, "B": 0}
+    out = []
+    for step in range(4):
+        reqs = []
+        for rid, ids in toks.items():
+            n = len(ids) - done[rid] if step == 0 else 1
+            reqs.append(PagedRequest(ids[done[rid] : done[rid] + n], done[rid], blocks[rid]))
+        batch = build_forward_batch(reqs, 4, "cpu", last_token_logits_only=True)
+        hidden = model(batch, cache).hidden_states[batch.logits_indices]
+        logits = model.compute_logits(hidden)
+        out.append(logits)
+        for rid, logit in zip(toks, logits):
+            done[rid] = len(toks[rid])
+            toks[rid] = toks[rid] + [int(logit.argmax())]
+    return out
+
+
+@pytest.mark.parametrize("linear", [None, "torch"])
+def test_blocks_compute_what_the_dequantized_file_computes(tiny_gguf: Path, linear: str | None) -> None:
+    mq, mf = _models(tiny_gguf, linear)
+    for lq, lf in zip(_steps(mq), _steps(mf)):
+        scale = lf.abs().max()
+        torch.testing.assert_close(lq, lf, rtol=0, atol=2e-5 * float(scale))
+        assert torch.equal(lq.argmax(-1), lf.argmax(-1))
+
+
+def test_native_stack_runs_on_blocks_and_matches_the_torch_layers(tiny_gguf: Path) -> None:
+    mq, _ = _models(tiny_gguf)
+    ref, _ = _models(tiny_gguf)
+    ref._native, ref._native_resolved = None, True  # the torch layers only
+    native_steps, torch_steps = _steps(mq), _steps(ref)
+    assert mq._native is not None and mq._native._table is not None and mq._native._table.block_quant
+    for a, b in zip(native_steps, torch_steps):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5 * float(b.abs().max()))
+
+
+def test_resident_bytes_are_the_blocks(tiny_gguf: Path) -> None:
+    mq, mf = _models(tiny_gguf)
+    assert mq.weight_nbytes() < 0.4 * mf.weight_nbytes()
+    plan = plan_engine(config_from_kwargs(str(tiny_gguf)), log=False)
+    assert plan.quantization.as_dict() == {"requested": None, "resolved": "gguf", "reason": "quantized_gguf"}
+    assert plan.weight_bytes == mq.weight_nbytes()
+    kernels: Any = plan.kernels
+    assert kernels["compiled"] == native.cpu_isa() and set(kernels) >= {"Q4_K", "Q8_0", "Q6_K", "Q5_1"}
+    none = plan_engine(config_from_kwargs(str(tiny_gguf), quantization="none"), log=False)
+    assert none.weight_bytes == mf.weight_nbytes() and none.kernels is None
+
+
+def test_engine_greedy_tokens_equal_with_and_without_blocks(tiny_gguf: Path) -> None:
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+    prompts = [[5, 17, 42, 99], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
+    outs = {}
+    for q in ("gguf", "none"):
+        with LLM(str(tiny_gguf), quantization=q, max_num_seqs=2, block_size=4, num_kv_blocks=32) as llm:
+            assert llm.engine_plan.quantization.resolved == q
+            outs[q] = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    assert outs["gguf"] == outs["none"]
+
+
+def test_a_type_without_a_kernel_is_dequantized_and_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _tiny(tmp_path / "q2k.gguf", {**QUANT, "model.layers.1.mlp.up_proj.weight": Q.Q2_K})
+    with caplog.at_level("WARNING"):
+        ckpt = load_checkpoint(path, keep_quantized=True)
+    assert "no native kernel for Q2_K" in caplog.text
+    up = ckpt.tensors["model.layers.1.mlp.up_proj.weight"]
+    assert isinstance(up, torch.Tensor) and up.dtype == torch.float32
+    with pytest.raises(ValueError, match="up_proj.*quantization 'gguf'"):
+        CausalLM.from_tensors(ckpt.args, ckpt.tensors)
+    # auto keeps the file usable: that checkpoint is served dequantized only where it must be
+    assert isinstance(ckpt.tensors["model.layers.1.mlp.gate_proj.weight"], BlockQuantWeight)
+
+
+def test_decision_table() -> None:
+    kw = {"dtype": "float32", "device": "cpu", "tensor_parallel_size": 1}
+    r = resolve_quantization
+    assert r(None, quantized_gguf=True, **kw).as_dict() == {"requested": None, "resolved": "gguf", "reason": "quantized_gguf"}
+    assert r("auto", quantized_gguf=False, **kw).resolved == "none"
+    assert r("none", quantized_gguf=True, **kw).reason == "explicit"
+    assert r(None, quantized_gguf=True, **{**kw, "dtype": "bfloat16"}).reason == "dtype"
+    assert r(None, quantized_gguf=True, **{**kw, "device": "cuda"}).reason == "device"
+    assert r(None, quantized_gguf=True, **{**kw, "tensor_parallel_size": 2}).reason == "tensor_parallel"
+    with pytest.raises(ValueError, match="quantization 'gguf'.*tensor_parallel"):
+        r("gguf", quantized_gguf=True, **{**kw, "tensor_parallel_size": 2})
+    with pytest.raises(ValueError, match="quantization 'gguf'.*not_quantized_gguf"):
+        r("gguf", quantized_gguf=False, **kw)
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        config_from_kwargs(quantization="int4")
+    assert create_linear_kernels("torch").native_quant is False  # type: ignore[attr-defined]
