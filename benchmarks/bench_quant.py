@@ -1,0 +1,290 @@
+"""Quantized execution on the CPU (``quantization="gguf"``) against llama.cpp on the same GGUF file.
+
+  python benchmarks/bench_quant.py --mode speed --prompts 6 --json benchmarks/results/quant_speed.json
+  python benchmarks/bench_quant.py --mode accuracy --prompts 16 --json benchmarks/results/quant_accuracy.json
+
+The llama.cpp peer runs in its own venv (``benchmarks/peers/setup_llamacpp.sh``, then ``--llamacpp-python
+.venv-llamacpp/bin/python``) as a subprocess (benchmarks/peers/llamacpp_worker.py) that stays idle while
+tandem runs and the other way round. Both engines get the same token ids (tandem's tokenizer), decode
+greedily for ``--max-tokens`` tokens without stopping, with 2 threads.
+
+speed: every arm loaded at once, arms taking turns prompt by prompt (the order rotating):
+  tandem fp32 (the file dequantized, ``quantization="none"``), tandem gguf, tandem gguf + each of
+  ``--spec`` (shipped heads, k = 3), llama.cpp single stream; then the same prompts 16 at a time (tandem
+  gguf, ``max_num_seqs=16``, against llama.cpp's C API batch of 16 sequences), and a prefill of a 512-token
+  prompt (tandem fp32 vs gguf). Decode tok/s = tokens after the first / time from the first to the last
+  token; weight bytes streamed per second = resident weight bytes x decode steps per second, against the
+  machine's read bandwidth measured here (a 1 GiB buffer summed by 2 threads).
+accuracy: ``--prompts`` HumanEval prompts, each with the fp32 model's own greedy continuation of
+  ``--max-tokens`` tokens, teacher-forced one decode step at a time through tandem gguf and tandem fp32 (the
+  native decode stack of both), and through llama.cpp (all positions' logits in one batch): top-1 agreement
+  and mean KL(p_fp32 || p_quantized) over the continuation's positions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, humaneval  # noqa: E402
+
+from tandem import LLM, SamplingParams  # noqa: E402
+from tandem.model import CausalLM, KVCache  # noqa: E402
+from tandem.model.loader import load_checkpoint, resolve_model  # noqa: E402
+from tandem.model.paged_batch import PagedRequest, build_forward_batch  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+
+
+class LlamaCpp:
+    """The peer worker process (JSON lines)."""
+
+    def __init__(self, python: str, path: Path, n_seq: int) -> None:
+        worker = Path(__file__).resolve().parent / "peers" / "llamacpp_worker.py"
+        self.proc = subprocess.Popen(
+            [python, str(worker), "--model", str(path), "--n-seq", str(n_seq), "--n-ctx", str(4096 * 4)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        self.info = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("llama.cpp worker exited")
+        return json.loads(line)
+
+    def ask(self, **msg: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        try:
+            self.ask(cmd="quit")
+        except Exception:
+            pass
+        self.proc.wait(timeout=30)
+
+
+def read_bandwidth() -> float:
+    """GB/s of summing a 1 GiB float32 buffer with torch's threads (best of 5)."""
+    buf = torch.ones(1 << 28)
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        float(buf.sum())
+        best = max(best, buf.numel() * 4 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def spec(method: str) -> dict[str, Any] | None:
+    return None if method == "none" else {"method": method, "num_speculative_tokens": 3}
+
+
+def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
+    path = resolve_model(MODEL)
+    prompts = humaneval(ns.prompts)
+    arms = {"tandem fp32": ("none", "none"), "tandem gguf": ("gguf", "none")}
+    for m in ns.spec:
+        arms[f"tandem gguf + {m}"] = ("gguf", m)
+    engines: dict[str, LLM] = {}
+    for name, (q, m) in tqdm(arms.items(), desc="load"):
+        engines[name] = LLM(MODEL, quantization=q, speculative_config=spec(m), max_num_seqs=1,
+                            max_model_len=2048, num_kv_blocks=160, async_scheduling=False)
+        engines[name].generate(prompts[0], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    tok = engines["tandem gguf"].get_tokenizer()
+    ids = [tok.encode(p) for p in prompts]
+    weight_bytes = {n: e.engine_plan.weight_bytes for n, e in engines.items()}
+    peer = LlamaCpp(ns.llamacpp_python, path, 16) if ns.llamacpp_python else None
+    names = [*arms, *(["llama.cpp"] if peer else [])]
+    params = SamplingParams(temperature=0, max_tokens=ns.max_tokens, ignore_eos=True)
+    rows: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    outputs: dict[str, list[list[int]]] = {n: [] for n in names}
+    bar = tqdm(total=len(names) * len(prompts), desc="single stream")
+    for i, p in enumerate(ids):
+        k = i % len(names)
+        for n in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            if n == "llama.cpp":
+                assert peer is not None
+                r = peer.ask(cmd="generate", prompts=[p], max_tokens=ns.max_tokens)
+                e2e = time.perf_counter() - t0
+                rows[n].append({"e2e_s": e2e, "decode_s": r["decode_s"], "decode_tokens": r["decode_tokens"]})
+                outputs[n].append(r["tokens"][0])
+            else:
+                o = engines[n].generate({"prompt_token_ids": p}, params, use_tqdm=False)[0]
+                e2e = time.perf_counter() - t0
+                x = o.metrics
+                rows[n].append({"e2e_s": e2e, "decode_s": x.last_token_time - x.first_token_time,
+                                "decode_tokens": x.num_generation_tokens - 1})
+                outputs[n].append(list(o.outputs[0].token_ids))
+            bar.update(1)
+    bar.close()
+    stats = {n: engines[n].spec_decode_stats() for n in arms if "+" in n}
+    for e in engines.values():
+        e.shutdown()
+    del engines
+    bw = read_bandwidth()
+    single = []
+    for n in names:
+        dec = sum(r["decode_tokens"] for r in rows[n]) / sum(r["decode_s"] for r in rows[n])
+        e2e = len(ids) * ns.max_tokens / sum(r["e2e_s"] for r in rows[n])
+        res = {"arm": n, "decode_tok_s": dec, "e2e_tok_s": e2e}
+        if n in weight_bytes and "+" not in n:
+            res["weight_GB_per_s"] = weight_bytes[n] * dec / 1e9
+            res["bandwidth_share"] = res["weight_GB_per_s"] / bw
+        if n in stats:
+            res["mean_acceptance_length"] = stats[n].get("mean_acceptance_length")
+        single.append(res)
+    ref = next(r for r in single if r["arm"] == "llama.cpp")["decode_tok_s"] if peer else None
+    for r in single:
+        r["vs_llamacpp"] = r["decode_tok_s"] / ref if ref else None
+    same = {n: sum(a == b for a, b in zip(outputs[n], outputs["tandem gguf"])) for n in names}
+
+    # 16-way aggregate decode: the same prompts, 16 at a time (cycled to 16)
+    batch = [ids[i % len(ids)] for i in range(16)]
+    agg = []
+    llm = LLM(MODEL, quantization="gguf", max_num_seqs=16, max_model_len=2048, async_scheduling=False)
+    llm.generate([{"prompt_token_ids": p} for p in batch[:2]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    for rep in range(ns.repeats):
+        for n in (["llama.cpp", "tandem gguf"] if rep % 2 == 0 else ["tandem gguf", "llama.cpp"]):
+            if n == "llama.cpp":
+                if peer is None:
+                    continue
+                t0 = time.perf_counter()
+                r = peer.ask(cmd="generate", prompts=batch, max_tokens=ns.max_tokens)
+                agg.append({"arm": n, "rep": rep, "e2e_s": time.perf_counter() - t0, "decode_s": r["decode_s"],
+                            "decode_tokens": r["decode_tokens"]})
+            else:
+                t0 = time.perf_counter()
+                outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+                e2e = time.perf_counter() - t0
+                first = min(o.metrics.first_token_time for o in outs)
+                last = max(o.metrics.last_token_time for o in outs)
+                agg.append({"arm": n, "rep": rep, "e2e_s": e2e, "decode_s": last - first,
+                            "decode_tokens": sum(o.metrics.num_generation_tokens - 1 for o in outs)})
+    llm.shutdown()
+    batch16 = []
+    for n in ("tandem gguf", "llama.cpp"):
+        rs = [r for r in agg if r["arm"] == n]
+        if rs:
+            batch16.append({"arm": n, "decode_tok_s": sum(r["decode_tokens"] for r in rs) / sum(r["decode_s"] for r in rs),
+                            "e2e_tok_s": len(rs) * 16 * ns.max_tokens / sum(r["e2e_s"] for r in rs)})
+    if peer:
+        peer.close()
+
+    # prefill of a 512-token prompt: fp32 vs gguf (tandem), best of 3 each, interleaved
+    long_ids = (sum(ids, []) * 8)[:512]
+    pre: dict[str, list[float]] = {"tandem fp32": [], "tandem gguf": []}
+    eng = {n: LLM(MODEL, quantization=q, max_num_seqs=1, max_num_batched_tokens=512, enable_prefix_caching=False)
+           for n, q in (("tandem fp32", "none"), ("tandem gguf", "gguf"))}
+    one = SamplingParams(temperature=0, max_tokens=1)
+    for _ in range(3):
+        for n, e in eng.items():
+            t0 = time.perf_counter()
+            e.generate({"prompt_token_ids": long_ids}, one, use_tqdm=False)
+            pre[n].append(512 / (time.perf_counter() - t0))
+    for e in eng.values():
+        e.shutdown()
+    prefill = [{"arm": n, "prefill_tok_s": max(v)} for n, v in pre.items()]
+    return {"single_stream": single, "batch16": batch16, "prefill_512": prefill, "read_bandwidth_GB_s": bw,
+            "outputs_equal_to_tandem_gguf": same, "weight_bytes": weight_bytes,
+            "llamacpp_system_info": peer.info.get("system_info") if peer else None}
+
+
+def _teacher_forced(model: CausalLM, prompt: list[int], cont: list[int]) -> torch.Tensor:
+    """Log-probabilities at each continuation position, one decode step at a time after a prefill."""
+    a = model.args
+    n = len(prompt) + len(cont)
+    bs = 16
+    cache = KVCache.allocate(a.num_hidden_layers, n // bs + 2, bs, a.num_key_value_heads, a.head_dim, torch.float32, "cpu")
+    blocks = list(range(n // bs + 2))
+    out = []
+    batch = build_forward_batch([PagedRequest(prompt, 0, blocks)], bs, "cpu", last_token_logits_only=True)
+    h = model(batch, cache).hidden_states[batch.logits_indices]
+    out.append(model.compute_logits(h)[0])
+    seq = list(prompt)
+    for t in cont[:-1]:
+        batch = build_forward_batch([PagedRequest([t], len(seq), blocks)], bs, "cpu", last_token_logits_only=True)
+        seq.append(t)
+        h = model(batch, cache).hidden_states[batch.logits_indices]
+        out.append(model.compute_logits(h)[0])
+    return torch.log_softmax(torch.stack(out).double(), dim=-1)
+
+
+def _compare(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
+    top1 = float((ref.argmax(-1) == got.argmax(-1)).double().mean())
+    kl = float((ref.exp() * (ref - got)).sum(-1).mean())
+    return top1, kl
+
+
+def run_accuracy(ns: argparse.Namespace) -> dict[str, Any]:
+    path = resolve_model(MODEL)
+    prompts = humaneval(ns.prompts)
+    llm = LLM(MODEL, quantization="none", max_num_seqs=8)
+    tok = llm.get_tokenizer()
+    ids = [tok.encode(p) for p in prompts]
+    params = SamplingParams(temperature=0, max_tokens=ns.max_tokens, ignore_eos=True)
+    conts = [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": p} for p in ids], params)]
+    llm.shutdown()
+    fp32 = load_checkpoint(MODEL)
+    mf = CausalLM.from_tensors(fp32.args, fp32.tensors)
+    del fp32
+    q = load_checkpoint(MODEL, keep_quantized=True)
+    mq = CausalLM.from_tensors(q.args, q.tensors)
+    del q
+    peer = LlamaCpp(ns.llamacpp_python, path, 1) if ns.llamacpp_python else None
+    per = []
+    with torch.inference_mode():
+        for p, c in tqdm(list(zip(ids, conts)), desc="teacher-forced"):
+            ref = _teacher_forced(mf, p, c)
+            got = _teacher_forced(mq, p, c)
+            row = dict(zip(("tandem_top1", "tandem_kl"), _compare(ref, got)))
+            if peer:
+                with tempfile.NamedTemporaryFile(suffix=".npy") as f:
+                    peer.ask(cmd="logits", ids=p + c, out=f.name)
+                    lg = torch.from_numpy(np.load(f.name))[len(p) - 1 : len(p) + len(c) - 1].double()
+                row.update(zip(("llamacpp_top1", "llamacpp_kl"), _compare(ref, torch.log_softmax(lg, -1))))
+            per.append(row)
+    if peer:
+        peer.close()
+    summary = {k: float(np.mean([r[k] for r in per])) for k in per[0]}
+    return {"summary": summary, "per_prompt": per, "positions": len(per) * ns.max_tokens}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=["speed", "accuracy"], default="speed")
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2, help="16-way rounds per engine")
+    ap.add_argument("--spec", nargs="*", default=["eagle3", "mtp"])
+    ap.add_argument("--llamacpp-python", default=".venv-llamacpp/bin/python",
+                    help="the peer venv's python ('' to skip llama.cpp)")
+    ap.add_argument("--json", default=None)
+    ns = ap.parse_args(argv)
+    torch.set_num_threads(2)
+    if ns.llamacpp_python and not Path(ns.llamacpp_python).exists():
+        ap.error(f"{ns.llamacpp_python} not found: run benchmarks/peers/setup_llamacpp.sh (or pass '')")
+    res = run_speed(ns) if ns.mode == "speed" else run_accuracy(ns)
+    print(json.dumps(res, indent=1, default=str))
+    if ns.json:
+        Path(ns.json).write_text(json.dumps({"environment": environment(), "args": vars(ns), **res}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
