@@ -684,7 +684,7 @@ static int q_gemv(const int64_t *desc, const float *x, int64_t rows, float *y, i
             break;
         }
         float *yp = y + base;
-        if (q_fused_type(type) && rows <= 4) { /* more rows: the buffered tiles below are faster */
+        if (q_fused_type(type)) { /* every row count: a row gives the same bits in any batch */
             rc = q_gemv_fused(type, prow, rb, data, x, rows, in, yp, ldy, num_threads);
             if (rc != 0) break;
             base += prow;
