@@ -200,7 +200,7 @@ def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
     for e in eng.values():
         e.shutdown()
     prefill = [{"arm": n, "prefill_tok_s": max(v)} for n, v in pre.items()]
-    return {"single_stream": single, "batch16": batch16, "prefill_512": prefill, "read_bandwidth_GB_s": bw,
+    return {"resident_memory": resident_memory(), "single_stream": single, "batch16": batch16, "prefill_512": prefill, "read_bandwidth_GB_s": bw,
             "outputs_equal_to_tandem_gguf": same, "weight_bytes": weight_bytes,
             "llamacpp_system_info": peer.info.get("system_info") if peer else None}
 
@@ -229,6 +229,49 @@ def _compare(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
     top1 = float((ref.argmax(-1) == got.argmax(-1)).double().mean())
     kl = float((ref.exp() * (ref - got)).sum(-1).mean())
     return top1, kl
+
+
+_RSS_SNIPPET = """
+import sys
+from tandem import LLM
+llm = LLM(quantization=sys.argv[1])
+rss = next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmRSS'))
+print(rss, llm.engine_plan.num_kv_blocks * llm.engine_plan.bytes_per_block, llm.engine_plan.weight_bytes)
+"""
+
+
+def resident_memory() -> list[dict[str, Any]]:
+    """RSS of a fresh process right after ``LLM()`` (default KV budget), per quantization."""
+    file_bytes = resolve_model(MODEL).stat().st_size
+    out = []
+    for q in ("gguf", "none"):
+        line = subprocess.run([sys.executable, "-c", _RSS_SNIPPET, q], capture_output=True, text=True,
+                              check=True).stdout.split()
+        rss, kv, weights = (int(v) for v in line[-3:])
+        out.append({"quantization": q, "rss_bytes": rss, "kv_cache_bytes": kv, "weight_bytes": weights,
+                    "file_bytes": file_bytes, "rss_minus_file_and_kv": rss - file_bytes - kv})
+    return out
+
+
+def plot(res: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    single = res["single_stream"]
+    axes[0].barh([r["arm"] for r in single], [r["decode_tok_s"] for r in single], color="tab:blue")
+    axes[0].set_xlabel("decode tok/s, single stream")
+    b16 = res["batch16"]
+    axes[1].barh([r["arm"] for r in b16], [r["decode_tok_s"] for r in b16], color="tab:green")
+    axes[1].set_xlabel("aggregate decode tok/s, 16 sequences")
+    for ax in axes:
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle("SmolLM2-135M Q4_1, 2 threads: tandem vs llama.cpp (same file, same token ids)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def run_accuracy(ns: argparse.Namespace) -> dict[str, Any]:
@@ -275,12 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llamacpp-python", default=".venv-llamacpp/bin/python",
                     help="the peer venv's python ('' to skip llama.cpp)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, help="speed mode: a PNG of the decode rates")
     ns = ap.parse_args(argv)
     torch.set_num_threads(2)
     if ns.llamacpp_python and not Path(ns.llamacpp_python).exists():
         ap.error(f"{ns.llamacpp_python} not found: run benchmarks/peers/setup_llamacpp.sh (or pass '')")
     res = run_speed(ns) if ns.mode == "speed" else run_accuracy(ns)
     print(json.dumps(res, indent=1, default=str))
+    if ns.plot and ns.mode == "speed":
+        plot(res, ns.plot)
     if ns.json:
         Path(ns.json).write_text(json.dumps({"environment": environment(), "args": vars(ns), **res}, indent=1))
     return 0
