@@ -33,6 +33,7 @@ from common import environment, humaneval  # noqa: E402
 from tandem import LLM, SamplingParams  # noqa: E402
 
 METHODS = ("eagle", "eagle3", "mtp")
+EQUALITY_METHODS = (*METHODS, "ngram", "draft_model")  # --mode equality also takes the model-free and draft-model methods
 
 
 def spec(arm: str, k: int, draft_dtype: str | None = None) -> dict[str, Any] | None:
@@ -48,7 +49,7 @@ def spec(arm: str, k: int, draft_dtype: str | None = None) -> dict[str, Any] | N
 
 def _arm(value: str) -> str:
     method, _, dtype = value.partition(":")
-    if method not in METHODS or dtype not in ("", "auto", "float32", "bfloat16", "int8"):
+    if method not in EQUALITY_METHODS or dtype not in ("", "auto", "float32", "bfloat16", "int8"):
         raise argparse.ArgumentTypeError(f"{value!r}: a method of {METHODS}, optionally :auto|float32|bfloat16|int8")
     return value
 
@@ -155,7 +156,7 @@ def run_equality(ns: argparse.Namespace) -> dict[str, Any]:
     prompt_ids: list[list[int]] = []
     for m, a in tqdm(arms, desc="equality"):
         llm = LLM(max_num_seqs=8, async_scheduling=a, speculative_config=spec(m, ns.k, ns.draft_dtype),
-                  max_model_len=2048, num_kv_blocks=512)
+                  max_model_len=2048, num_kv_blocks=512, quantization=ns.quantization)
         outs = llm.generate(prompts, params, use_tqdm=False)
         got = [list(o.outputs[0].token_ids) for o in outs]
         s = llm.spec_decode_stats()
@@ -195,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="arms: methods, each optionally with its draft dtype (eagle:int8)")
     p.add_argument("--prompts", type=int, default=None, help="HumanEval prompts (speed: 10, equality: 32)")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--quantization", default=None, choices=["auto", "gguf", "none"],
+                   help="the target's quantization (default auto: the shipped Q4_1 file stays in its blocks)")
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--subset", type=int, default=10, help="speed: also report the first N prompts")

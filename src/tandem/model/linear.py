@@ -37,7 +37,7 @@ from tandem.native.quant_linear import quant_linear_kernel
 from tandem.native.small_linear import small_linear_kernel
 
 QUANT_FEW_ROWS = 16  # up to this many rows a block-quantized product runs in the native kernel
-QUANT_TILE_FLOATS = 1 << 20  # float32 elements of one dequantized tile of a many-row product (4 MB)
+QUANT_TILE_FLOATS = 1 << 22  # float32 elements of one dequantized tile of a many-row product (16 MB)
 
 
 def block_quant_linear(
@@ -62,8 +62,15 @@ def block_quant_linear(
             return kernel(x, weight, None if bias is None else bias.contiguous(), res)
         xg = x if weight.gain is None else x * weight.gain
         out_features, inp = weight.shape
-        y = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
         step = max(64, QUANT_TILE_FLOATS // inp)
+        if step >= out_features:  # one tile: the product (and the residual add) straight into the result
+            w = kernel.row_range(weight, 0, out_features)
+            if residual is not None and x.dim() == 2:
+                y = torch.addmm(residual, xg, w.t()) if bias is None else torch.addmm(residual + bias, xg, w.t())
+                return y
+            y = F.linear(xg, w, bias)
+            return y if residual is None else y.add_(residual)
+        y = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
         for start in range(0, out_features, step):
             stop = min(start + step, out_features)
             tile = kernel.row_range(weight, start, stop)
