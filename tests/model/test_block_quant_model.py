@@ -171,3 +171,23 @@ def test_decision_table() -> None:
     with pytest.raises(ValueError, match="quantization must be one of"):
         config_from_kwargs(quantization="int4")
     assert create_linear_kernels("torch").native_quant is False  # type: ignore[attr-defined]
+
+
+def test_tandem_config_shows_the_default_models_quantization(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tandem.entrypoints.cli import main as cli_main
+
+    assert cli_main(["config", "--json"]) in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["quantization"] == {"requested": None, "resolved": "gguf", "reason": "quantized_gguf"}
+    assert 90e6 < doc["weight_bytes"] < 100e6  # the Q4_1 / Q8_0 blocks (the file is 98 MB), not 538 MB of fp32
+    assert set(doc["kernels"]) >= {"isa", "compiled", "Q4_1", "Q8_0"}
+    assert cli_main(["config", "--json", "--quantization", "none"]) in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["quantization"]["resolved"] == "none" and doc["weight_bytes"] > 500e6 and doc["kernels"] is None
+    # tensor parallelism dequantizes (auto) and refuses an explicit 'gguf' with the reason
+    doc_tp = plan_engine(config_from_kwargs(tensor_parallel_size=2, executor_backend="mp"), log=False)
+    assert doc_tp.quantization.reason == "tensor_parallel"
+    with pytest.raises(ValueError, match="quantization 'gguf'.*tensor_parallel"):
+        plan_engine(config_from_kwargs(tensor_parallel_size=2, executor_backend="mp", quantization="gguf"), log=False)
