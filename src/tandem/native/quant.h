@@ -505,7 +505,7 @@ static void x_perm(const float *x, int64_t rows, int64_t in, float *xp, float *x
 
 #define FUSED_ROWS 8
 /* The q0 / q1 halves (elements in x_perm's order) and the scale d and offset m of one block. */
-static inline __attribute__((always_inline)) void q_fused_block(int64_t type, const uint8_t *blk, __m512 *q0, __m512 *q1, float *d, float *m) {
+static inline void q_fused_block(int64_t type, const uint8_t *blk, __m512 *q0, __m512 *q1, float *d, float *m) {
     const __m512i lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     const __m512i sh = _mm512_slli_epi32(lane, 3), m4 = _mm512_set1_epi32(15);
     *d = q_f16(blk);
@@ -518,9 +518,8 @@ static inline __attribute__((always_inline)) void q_fused_block(int64_t type, co
         *m = 0.0f;
     } else {
         const __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + (type == GT_Q4_1 ? 4 : 2))));
-        const __m512i sh4 = _mm512_add_epi32(sh, _mm512_set1_epi32(4));
         *q0 = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, sh), m4));
-        *q1 = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, sh4), m4));
+        *q1 = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(_mm512_srli_epi32(v, 4), sh), m4));
         *m = type == GT_Q4_1 ? q_f16(blk + 2) : -8.0f * *d; /* Q4_0: d * (q - 8) */
     }
 }
@@ -531,9 +530,8 @@ static inline int64_t q_fused_bytes(int64_t type) { return type == GT_Q8_0 ? 34 
  * (R, NJ) so the R x NJ accumulators stay in registers; several outputs in flight hide the FMA latency of each
  * output's chain over its blocks. */
 #define DEFINE_FUSED(R, NJ)                                                                               \
-    static inline __attribute__((always_inline)) void q_fused_##R##x##NJ##_t(                           \
-        int64_t type, const uint8_t *row, int64_t rb, int64_t nb, const float *xp, const float *xs,      \
-        int64_t in, float *out) {                                                                         \
+    static void q_fused_##R##x##NJ(int64_t type, const uint8_t *row, int64_t rb, int64_t nb, const float *xp, \
+                                   const float *xs, int64_t in, float *out) {                            \
         __m512 acc[R * NJ];                                                                               \
         float macc[R * NJ];                                                                               \
         for (int k = 0; k < R * NJ; k++) {                                                                \
@@ -557,16 +555,6 @@ static inline int64_t q_fused_bytes(int64_t type) { return type == GT_Q8_0 ? 34 
             }                                                                                             \
         }                                                                                                 \
         for (int k = 0; k < R * NJ; k++) out[k] = _mm512_reduce_add_ps(acc[k]) + macc[k];                \
-    }                                                                                                     \
-    /* one copy per type: the type is a constant inside (no per-block branches) */                        \
-    static void q_fused_##R##x##NJ(int64_t type, const uint8_t *row, int64_t rb, int64_t nb, const float *xp, \
-                                   const float *xs, int64_t in, float *out) {                            \
-        if (type == GT_Q4_1)                                                                              \
-            q_fused_##R##x##NJ##_t(GT_Q4_1, row, rb, nb, xp, xs, in, out);                                \
-        else if (type == GT_Q4_0)                                                                         \
-            q_fused_##R##x##NJ##_t(GT_Q4_0, row, rb, nb, xp, xs, in, out);                                \
-        else                                                                                              \
-            q_fused_##R##x##NJ##_t(GT_Q8_0, row, rb, nb, xp, xs, in, out);                                \
     }
 DEFINE_FUSED(1, 4)
 DEFINE_FUSED(2, 4)
