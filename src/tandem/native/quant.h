@@ -419,42 +419,41 @@ static inline deq_fn q_dequantizer(int64_t type) {
 }
 
 /* ---- dot products: acc[j] += x . w[j] over n inputs, for nj <= QTILE rows of w (stride QCHUNK) -------- */
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #if defined(__AVX512F__)
-static inline void q_dots(const float *x, const float *w, int nj, int64_t n, float *acc) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 xv = _mm512_loadu_ps(x + i);
-        a0 = _mm512_fmadd_ps(xv, _mm512_load_ps(w + i), a0);
-        if (nj > 1) a1 = _mm512_fmadd_ps(xv, _mm512_load_ps(w + QCHUNK + i), a1);
-        if (nj > 2) a2 = _mm512_fmadd_ps(xv, _mm512_load_ps(w + 2 * QCHUNK + i), a2);
-        if (nj > 3) a3 = _mm512_fmadd_ps(xv, _mm512_load_ps(w + 3 * QCHUNK + i), a3);
-    }
-    float s[QTILE] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1), _mm512_reduce_add_ps(a2),
-                      _mm512_reduce_add_ps(a3)};
-    for (; i < n; i++)
-        for (int j = 0; j < nj; j++) s[j] += x[i] * w[j * QCHUNK + i];
-    for (int j = 0; j < nj; j++) acc[j] += s[j];
-}
-#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m512 qvec; /* one vector of float32 lanes, by the ISA the library is built for */
+#define QV_LANES 16
+#define QV_ZERO _mm512_setzero_ps
+#define QV_LOADU _mm512_loadu_ps
+#define QV_LOAD _mm512_load_ps
+#define QV_FMA _mm512_fmadd_ps
+#define QV_SUM _mm512_reduce_add_ps
+#else
 static inline float q_hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-
+typedef __m256 qvec;
+#define QV_LANES 8
+#define QV_ZERO _mm256_setzero_ps
+#define QV_LOADU _mm256_loadu_ps
+#define QV_LOAD _mm256_load_ps
+#define QV_FMA _mm256_fmadd_ps
+#define QV_SUM q_hsum8
+#endif
 static inline void q_dots(const float *x, const float *w, int nj, int64_t n, float *acc) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    qvec a0 = QV_ZERO(), a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + i);
-        a0 = _mm256_fmadd_ps(xv, _mm256_load_ps(w + i), a0);
-        if (nj > 1) a1 = _mm256_fmadd_ps(xv, _mm256_load_ps(w + QCHUNK + i), a1);
-        if (nj > 2) a2 = _mm256_fmadd_ps(xv, _mm256_load_ps(w + 2 * QCHUNK + i), a2);
-        if (nj > 3) a3 = _mm256_fmadd_ps(xv, _mm256_load_ps(w + 3 * QCHUNK + i), a3);
+    for (; i + QV_LANES <= n; i += QV_LANES) {
+        const qvec xv = QV_LOADU(x + i);
+        a0 = QV_FMA(xv, QV_LOAD(w + i), a0);
+        if (nj > 1) a1 = QV_FMA(xv, QV_LOAD(w + QCHUNK + i), a1);
+        if (nj > 2) a2 = QV_FMA(xv, QV_LOAD(w + 2 * QCHUNK + i), a2);
+        if (nj > 3) a3 = QV_FMA(xv, QV_LOAD(w + 3 * QCHUNK + i), a3);
     }
-    float s[QTILE] = {q_hsum8(a0), q_hsum8(a1), q_hsum8(a2), q_hsum8(a3)};
+    float s[QTILE] = {QV_SUM(a0), QV_SUM(a1), QV_SUM(a2), QV_SUM(a3)};
     for (; i < n; i++)
         for (int j = 0; j < nj; j++) s[j] += x[i] * w[j * QCHUNK + i];
     for (int j = 0; j < nj; j++) acc[j] += s[j];
