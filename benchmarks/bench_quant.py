@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,12 +38,12 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, humaneval  # noqa: E402
+from common import environment, humaneval
 
-from tandem import LLM, SamplingParams  # noqa: E402
-from tandem.model import CausalLM, KVCache  # noqa: E402
-from tandem.model.loader import load_checkpoint, resolve_model  # noqa: E402
-from tandem.model.paged_batch import PagedRequest, build_forward_batch  # noqa: E402
+from tandem import LLM, SamplingParams
+from tandem.model import CausalLM, KVCache
+from tandem.model.loader import load_checkpoint, resolve_model
+from tandem.model.paged_batch import PagedRequest, build_forward_batch
 
 MODEL = "smollm2-135m-instruct"
 
@@ -72,10 +73,9 @@ class LlamaCpp:
         return self._read()
 
     def close(self) -> None:
-        try:
-            self.ask(cmd="quit")
-        except Exception:
-            pass
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")  # the worker exits without an answer
+            self.proc.stdin.flush()
         self.proc.wait(timeout=30)
 
 
@@ -187,7 +187,8 @@ def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
         peer.close()
 
     # prefill of a 512-token prompt: fp32 vs gguf (tandem), best of 3 each, interleaved
-    long_ids = (sum(ids, []) * 8)[:512]
+    long_ids = [t for p in ids for t in p] * 8
+    long_ids = long_ids[:512]
     pre: dict[str, list[float]] = {"tandem fp32": [], "tandem gguf": []}
     eng = {n: LLM(MODEL, quantization=q, max_num_seqs=1, max_num_batched_tokens=512, enable_prefix_caching=False)
            for n, q in (("tandem fp32", "none"), ("tandem gguf", "gguf"))}
@@ -323,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     if ns.llamacpp_python and not Path(ns.llamacpp_python).exists():
         ap.error(f"{ns.llamacpp_python} not found: run benchmarks/peers/setup_llamacpp.sh (or pass '')")
+    load_before = os.getloadavg()  # the machine's load: another process on a core slows llama.cpp 10-40x
     res = run_speed(ns) if ns.mode == "speed" else run_accuracy(ns)
+    res["loadavg_before"], res["loadavg_after"] = load_before, os.getloadavg()
     print(json.dumps(res, indent=1, default=str))
     if ns.plot and ns.mode == "speed":
         plot(res, ns.plot)

@@ -52,8 +52,12 @@ def environment() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    from tandem import native
+
     return {
         "git_commit": git("rev-parse", "--short", "HEAD"),
+        "cpu_isa": native.cpu_isa(),  # avx512 / avx2 / portable: what the native kernels compile to here
+        "loadavg_1_5_15": os.getloadavg(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "cpu": cpu,

@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tandem import overrides
+
 
 def cache_dir() -> Path:
-    root = os.environ.get("TANDEM_CACHE_DIR") or os.path.join(
+    root = overrides.cache_dir() or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem"
     )
     return Path(root)

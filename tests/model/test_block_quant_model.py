@@ -191,3 +191,10 @@ def test_tandem_config_shows_the_default_models_quantization(capsys: pytest.Capt
     assert doc_tp.quantization.reason == "tensor_parallel"
     with pytest.raises(ValueError, match="quantization 'gguf'.*tensor_parallel"):
         plan_engine(config_from_kwargs(tensor_parallel_size=2, executor_backend="mp", quantization="gguf"), log=False)
+
+
+def test_isa_override_is_one_variable_shown_in_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANDEM_NATIVE_ISA", "portable")
+    plan = plan_engine(config_from_kwargs(), log=False).as_dict()
+    assert plan["overrides"] == {"TANDEM_NATIVE_ISA": "portable"}
+    assert plan["kernels"]["isa"] == "portable" and plan["kernels"]["compiled"] == "portable"  # type: ignore[index]

@@ -123,6 +123,6 @@ def test_take_rows_keeps_blocks_and_bad_shapes_name_the_tensor() -> None:
     with pytest.raises(ValueError, match="float32 activations"):
         kernel = quant_linear_kernel()
         assert kernel is not None
-        from tandem.model.linear import block_quant_linear
+        from tandem.model.block_quant_linear import block_quant_linear
 
         block_quant_linear(torch.randn(1, 256).bfloat16(), w)

@@ -1,5 +1,5 @@
 """``tandem bench ab``: arms A (async off), B (async on), C (async on + deferred reconciliation) on one
-fixed contract (SEMANTICS.md §6), interleaved and repeated, with a report a person can read.
+fixed contract (docs/SEMANTICS.md §6), interleaved and repeated, with a report a person can read.
 
 Each arm is one engine built from the same flags except the arm's own; every repeat runs the arms in
 turn on the same workload. Per run: traced steps (proposed / accepted / rejected per step, overlap, idle

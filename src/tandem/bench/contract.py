@@ -1,4 +1,4 @@
-"""The fixed contract of an A/B run (SEMANTICS.md §6), recorded in full with the results."""
+"""The fixed contract of an A/B run (docs/SEMANTICS.md §6), recorded in full with the results."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import time
@@ -23,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tandem import overrides
 from tandem.bench.workloads import DATASETS, BenchRequest, load_workload
 
 PERCENTILES = (50, 90, 99)
@@ -160,7 +160,7 @@ async def run_benchmark(ns: argparse.Namespace) -> dict[str, Any]:
     import httpx2
 
     base = (ns.base_url or f"http://{ns.host}:{ns.port}").rstrip("/")
-    key = ns.api_key or os.environ.get("TANDEM_API_KEY")
+    key = ns.api_key or overrides.api_key()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     limit = ns.max_concurrency or ns.num_prompts
     limits = httpx2.Limits(max_connections=limit + 2, max_keepalive_connections=limit + 2)

@@ -1,6 +1,6 @@
 """The async scheduler: the same scheduler, able to schedule step N+1 while step N is in flight.
 
-What changes with async (SEMANTICS.md §3):
+What changes with async (docs/SEMANTICS.md §3):
 - a running request is scheduled again while its previous step is in flight: its next input token is a
   placeholder the runner fills from its own (device) copy of step N's sampled token;
 - drafts are not known on the host: after scheduling a step that samples, ``spec_token_ids`` becomes

@@ -1,6 +1,6 @@
 """Per-request view of the block pool: prefix-cache lookup, slot allocation, caching, freeing. Pure Python.
 
-The only writer of ``Request.block_ids``. Prefix caching follows SEMANTICS.md §2: a block is hashed from
+The only writer of ``Request.block_ids``. Prefix caching follows docs/SEMANTICS.md §2: a block is hashed from
 known tokens only (prompt + committed outputs; never drafts or placeholders) and enters the cache only
 when it is full and wholly before the request's *completed* frontier — every token in it computed by a
 step whose output came back, and confirmed.

@@ -8,7 +8,7 @@
 | num_computed_tokens (C)   | logical frontier, includes in-flight work            | scheduler (+n, -rejected, -trim)   |
 | block_ids                 | KV blocks holding this request's cache               | KVCacheManager                     |
 
-Invariants (``check_invariants``; SEMANTICS.md §2):
+Invariants (``check_invariants``; docs/SEMANTICS.md §2):
 - PH >= 0; 0 <= C <= num_tokens + PH; C - PH <= num_tokens (the confirmed frontier never runs ahead of
   the known tokens; for a running request not mid-prefill it equals num_tokens - 1).
 - a finished request holds no blocks, no placeholders and no drafts.

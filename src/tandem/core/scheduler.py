@@ -5,7 +5,7 @@ chunks and decodes (with their drafts) mix freely. Running requests go first in 
 waiting queue FCFS. When blocks run out, the most recently admitted running request is preempted
 (recompute: its blocks are freed and it re-enters the head of the waiting queue).
 
-Ledger writes (SEMANTICS.md §2-3), all in this file:
+Ledger writes (docs/SEMANTICS.md §2-3), all in this file:
 - schedule: ``C += n``; ``PH += 1 + drafts`` for a step that samples; ``spec_token_ids`` consumed;
   an ``InFlightStep`` remembers what was promised.
 - update_from_output: ``C -= rejected``; ``PH -= 1 + drafts``; tokens appended one by one with stop checks;

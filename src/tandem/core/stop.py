@@ -1,4 +1,4 @@
-"""Stop conditions checked after each returned token (SEMANTICS.md §3). Pure Python.
+"""Stop conditions checked after each returned token (docs/SEMANTICS.md §3). Pure Python.
 
 Token-level conditions live here; stop *strings* need detokenized text and are checked by the engine's
 output processor, which then finishes the request through ``Scheduler.finish_requests``.

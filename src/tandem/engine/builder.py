@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from tandem import overrides
 from tandem.async_decision import (
     AsyncCapability,
     AsyncReason,
@@ -56,6 +57,7 @@ class EnginePlan:
             "quantization": self.quantization.as_dict(),
             "weight_bytes": self.weight_bytes,
             "kernels": self.kernels,
+            "overrides": overrides.active(),
             "device": self.config.model.device,
             "executor_backend": self.config.parallel.executor_backend,
             "tensor_parallel_size": self.config.parallel.tensor_parallel_size,
@@ -145,18 +147,13 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
 def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | None, dict[str, object] | None]:
     """The quantization decision, the resident weight bytes and the block-quantized kernel plan, from the
     model file's tensor index alone (no weights read)."""
-    from tandem.model.loader.gguf import gguf_weight_plan
+    from tandem.model.loader.gguf import gguf_weight_plan, is_quantized_file
+    from tandem.model.loader.gguf_file import GGUFFile
     from tandem.model.loader.registry import resolve_model
 
     m = config.model
     path = resolve_model(m.model)
-    gf = None
-    if not path.is_dir():
-        from tandem.model.loader.gguf_file import GGUFFile
-
-        gf = GGUFFile.open(path)
-    from tandem.model.loader.gguf import is_quantized_file
-
+    gf = None if path.is_dir() else GGUFFile.open(path)
     decision = resolve_quantization(
         m.quantization, quantized_gguf=gf is not None and is_quantized_file(gf), dtype=m.resolved_dtype(),
         device=m.device, tensor_parallel_size=config.parallel.tensor_parallel_size,
@@ -169,7 +166,7 @@ def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | Non
     weight_bytes, types = gguf_weight_plan(gf, decision.keep_quantized, elem)
     kernels = None
     if decision.keep_quantized:
-        from tandem.model.linear import block_quant_plan
+        from tandem.model.block_quant_linear import block_quant_plan
 
         kernels = block_quant_plan(types)
     return decision, weight_bytes, kernels

@@ -1,6 +1,6 @@
 """The engine core: scheduler + executor, stepped synchronously or with a batch queue of depth 2.
 
-Both loops are built from the same three pieces (SEMANTICS.md §4):
+Both loops are built from the same three pieces (docs/SEMANTICS.md §4):
 
     schedule()            -> SchedulerOutput          (host)
     executor.execute(so)  -> Future[ModelRunnerOutput] (device / worker)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from tandem import overrides
 from tandem.async_decision import AsyncSchedulingDecision
 from tandem.config import (
     DEFAULT_MODEL,
@@ -48,7 +48,7 @@ def config_from_kwargs(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
         raise ValueError(f"unknown engine argument(s) {unknown}")
     debug = kw.get("debug_invariants")
     if debug is None:
-        debug = os.environ.get("TANDEM_DEBUG_INVARIANTS", "") not in ("", "0", "false")
+        debug = overrides.debug_invariants()
     sched_defaults = SchedulerConfig()
     cache_defaults = CacheConfig()
     return EngineConfig(

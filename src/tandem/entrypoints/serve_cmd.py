@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import socket
 import sys
 
+from tandem import overrides
 from tandem.entrypoints.engine_args import add_engine_args, engine_kwargs
 
 READY_PREFIX = "tandem serve: listening on "
@@ -38,7 +38,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     from tandem.entrypoints.openai.server import build_app
 
     model = ns.model_tag or ns.model
-    api_key = ns.api_key or os.environ.get("TANDEM_API_KEY") or None
+    api_key = ns.api_key or overrides.api_key() or None
     engine = AsyncLLM(model, **engine_kwargs(ns))
     try:
         app = build_app(engine, ns.served_model_name, api_key)

@@ -14,7 +14,6 @@ gguf-py's ``gguf.quants.dequantize``, and what the torch reference path multipli
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -229,7 +228,3 @@ def total_nbytes(tensors: Sequence[torch.Tensor | BlockQuantWeight]) -> int:
         total += weight_nbytes(t)
     return total
 
-
-def num_blocks(shape: Sequence[int], qtype: int) -> int:
-    block, _ = GGML_QUANT_SIZES[QType(qtype)]
-    return math.prod(shape) // block

@@ -22,7 +22,6 @@ rows (a prefill chunk) as float32 GEMMs over tiles of rows dequantized natively,
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Protocol
@@ -31,74 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem import overrides
 from tandem.model.block_quant import BlockQuantWeight
+from tandem.model.block_quant_linear import block_quant_linear
 from tandem.model.quant import Int8Weight
-from tandem.native.quant_linear import quant_linear_kernel
 from tandem.native.small_linear import small_linear_kernel
-
-QUANT_FEW_ROWS = 16  # up to this many rows a block-quantized product runs in the native kernel
-QUANT_TILE_FLOATS = 1 << 22  # float32 elements of one dequantized tile of a many-row product (16 MB)
-
-
-def block_quant_linear(
-    x: torch.Tensor,
-    weight: BlockQuantWeight,
-    bias: torch.Tensor | None = None,
-    residual: torch.Tensor | None = None,
-    native: bool = True,
-) -> torch.Tensor:
-    """``(residual +) (x * gain) @ W^T (+ bias)`` for a block-quantized ``W`` and float32 ``x``.
-
-    ``native`` False: the reference (gguf-py's dequantization, one float32 product). Else the native kernel
-    for up to :data:`QUANT_FEW_ROWS` rows, and for more rows tiles of ``W``'s rows dequantized natively
-    into float32 and multiplied by torch's GEMM (the weights are never resident in float32); without a
-    compiler the reference."""
-    if x.dtype != torch.float32:
-        raise ValueError(f"block-quantized weight {weight.name!r}: float32 activations, got {x.dtype}")
-    kernel = quant_linear_kernel() if native else None
-    if kernel is not None and kernel.supports(weight) and x.device.type == "cpu":
-        if x.dim() == 2 and 1 <= x.shape[0] <= QUANT_FEW_ROWS:
-            res = None if residual is None else residual.contiguous()
-            return kernel(x, weight, None if bias is None else bias.contiguous(), res)
-        xg = x if weight.gain is None else x * weight.gain
-        out_features, inp = weight.shape
-        step = max(64, QUANT_TILE_FLOATS // inp)
-        if step >= out_features:  # one tile: the product (and the residual add) straight into the result
-            w = kernel.row_range(weight, 0, out_features)
-            if residual is not None and x.dim() == 2:
-                y = torch.addmm(residual, xg, w.t()) if bias is None else torch.addmm(residual + bias, xg, w.t())
-                return y
-            y = F.linear(xg, w, bias)
-            return y if residual is None else y.add_(residual)
-        y = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
-        for start in range(0, out_features, step):
-            stop = min(start + step, out_features)
-            tile = kernel.row_range(weight, start, stop)
-            y[..., start:stop] = F.linear(xg, tile, None if bias is None else bias[start:stop])
-    else:
-        y = F.linear(x, weight.dequantize(torch.float32), bias)
-    return y if residual is None else y.add_(residual)
-
-
-def block_quant_plan(types: list[str]) -> dict[str, object]:
-    """What runs a block-quantized product of each stored type, by row count, on this machine: the one
-    place that maps (format, rows, ISA) to a kernel (shown by ``tandem config``)."""
-    from tandem import native
-
-    kernel = quant_linear_kernel()
-    isa = native.default_isa()
-    compiled = kernel.compiled_isa if kernel is not None else None
-    plan: dict[str, object] = {"isa": isa, "compiled": compiled}
-    for t in types:
-        if kernel is None:
-            plan[t] = {"any rows": "torch: gguf-py dequantization + float32 GEMM (no native kernels)"}
-            continue
-        plan[t] = {
-            f"1-{QUANT_FEW_ROWS} rows": f"native quant.h ({compiled}): dequantize to L1 + float32 FMA",
-            f"1-{8} rows, whole stack": f"native decode_forward ({compiled}) on the same kernel",
-            f">{QUANT_FEW_ROWS} rows": "native dequantized tiles of rows + torch float32 GEMM",
-        }
-    return plan
 
 
 class LinearKernels(Protocol):
@@ -152,7 +88,7 @@ class CpuLinear(TorchLinear):
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         if isinstance(weight, BlockQuantWeight):
-            return block_quant_linear(x, weight, bias)
+            return block_quant_linear(x, weight, bias, native=self.native_quant)
         rows = x.shape[0]
         if x.dtype == torch.float32:
             return F.linear(x, weight, bias)
@@ -170,7 +106,7 @@ class CpuLinear(TorchLinear):
         self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     ) -> torch.Tensor:
         if isinstance(weight, BlockQuantWeight):
-            return block_quant_linear(x, weight, residual=residual)
+            return block_quant_linear(x, weight, residual=residual, native=self.native_quant)
         rows = x.shape[0]
         if x.dtype == torch.float32:
             return torch.addmm(residual, x, weight.t())
@@ -330,7 +266,7 @@ class NativeLinear(OneDnnLinear):
         if isinstance(weight, Int8Weight):
             return self._int8(x, weight, bias=bias)
         if isinstance(weight, BlockQuantWeight):
-            return block_quant_linear(x, weight, bias)
+            return block_quant_linear(x, weight, bias, native=self.native_quant)
         if self._native_rows(x, weight) and (bias is None or bias.is_contiguous()):
             assert self._kernel is not None
             return self._kernel(x, weight, bias)
@@ -362,7 +298,7 @@ class NativeLinear(OneDnnLinear):
         if isinstance(weight, Int8Weight):
             return self._int8(x, weight, residual=residual)
         if isinstance(weight, BlockQuantWeight):
-            return block_quant_linear(x, weight, residual=residual)
+            return block_quant_linear(x, weight, residual=residual, native=self.native_quant)
         if self._native_rows(x, weight) and residual.dtype == x.dtype and residual.dim() == 2:
             assert self._kernel is not None
             return self._kernel(x, weight, None, residual.contiguous())
@@ -383,7 +319,7 @@ def default_linear_kernels(device: torch.device | str) -> str:
     """``native`` on CPU where the native kernels build, else ``onednn`` (``cpu`` where the build lacks
     oneDNN); the plain reference elsewhere
     (cuBLAS handles small shapes). ``TANDEM_LINEAR_KERNELS`` names another (for A/B measurements)."""
-    override = os.environ.get("TANDEM_LINEAR_KERNELS")
+    override = overrides.linear_kernels()
     if override:
         if override not in LINEAR_KERNELS:
             raise ValueError(

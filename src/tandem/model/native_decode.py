@@ -12,12 +12,12 @@ backends) to the torch layers, which stay the reference: tests check the two agr
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
+from tandem import overrides
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
 from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.native.decode_forward import (
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 def native_decode_enabled() -> bool:
-    return os.environ.get("TANDEM_NATIVE_DECODE", "1") != "0"
+    return overrides.native_decode_enabled()
 
 
 def short_paged_step(metadata: object, rows: int, max_rows: int) -> bool:

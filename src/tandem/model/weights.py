@@ -17,7 +17,7 @@ and a gain that cannot be folded into blocks is kept beside the matrix and appli
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -123,6 +123,32 @@ def validate(args: ModelArgs, tensors: Mapping[str, Matrix]) -> None:
             raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}, expected a floating type")
 
 
+def _attention_vectors(
+    args: ModelArgs,
+    tensors: Mapping[str, Matrix],
+    a: str,
+    get: Callable[[str], torch.Tensor],
+    out: Callable[[torch.Tensor], torch.Tensor],
+    s: ShardPlan,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(qkv bias, per-head q/k norm, o bias) of the layer whose attention names start with ``a``, for shard
+    ``s``; ``None`` where the family has none. ``get``: a tensor as float32, ``out``: to the model dtype."""
+    heads, kv_heads, hd = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+    qs, kvs = s.q_rows(hd), s.kv_rows(hd)
+    qkv_bias = qk_norm = o_bias = None
+    if args.attention_bias:
+        qb = interleave_heads(get(a + "q_proj.bias"), heads, hd)[qs]
+        kb = interleave_heads(get(a + "k_proj.bias"), kv_heads, hd)[kvs]
+        qkv_bias = out(torch.cat([qb, kb, get(a + "v_proj.bias")[kvs]]))
+    if args.qk_norm:
+        qn = interleave_heads(get(a + "q_norm.weight"), 1, hd)
+        kn = interleave_heads(get(a + "k_norm.weight"), 1, hd)
+        qk_norm = out(torch.cat([qn.expand(s.num_heads, hd), kn.expand(s.num_kv_heads, hd)]))
+    if a + "o_proj.bias" in tensors:
+        o_bias = out(get(a + "o_proj.bias"))
+    return qkv_bias, qk_norm, o_bias
+
+
 def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: torch.device | str,
                        dtype: torch.dtype) -> ModelWeights:
     """:func:`prepare_weights` for a checkpoint whose matrices are block-quantized (one rank, the CPU):
@@ -145,8 +171,13 @@ def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: t
         order = interleave_heads(torch.arange(w.shape[0]).unsqueeze(1), n, hd)[:, 0]
         return w.take_rows(order)
 
+    def out(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype).contiguous()
+
     def plain(t: Matrix) -> Matrix:
-        return t if isinstance(t, BlockQuantWeight) else t.to(device=device, dtype=dtype).contiguous()
+        return t if isinstance(t, BlockQuantWeight) else out(t.to(device=device))
+
+    single = ShardPlan.single(args)
 
     layers = []
     for i in range(args.num_hidden_layers):
@@ -157,17 +188,7 @@ def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: t
         qkv = BlockQuantWeight.stack([q, k, quant(a + "v_proj.weight")], f"{p}qkv")
         gate_up = BlockQuantWeight.stack([quant(p + "mlp.gate_proj.weight"), quant(p + "mlp.up_proj.weight")],
                                          f"{p}gate_up")
-        qkv_bias = qk_norm = o_bias = None
-        if args.attention_bias:
-            qb = interleave_heads(vec(a + "q_proj.bias"), heads, hd)
-            kb = interleave_heads(vec(a + "k_proj.bias"), kv_heads, hd)
-            qkv_bias = torch.cat([qb, kb, vec(a + "v_proj.bias")]).to(dtype).contiguous()
-        if args.qk_norm:
-            qn = interleave_heads(vec(a + "q_norm.weight"), 1, hd)
-            kn = interleave_heads(vec(a + "k_norm.weight"), 1, hd)
-            qk_norm = torch.cat([qn.expand(heads, hd), kn.expand(kv_heads, hd)]).to(dtype).contiguous()
-        if a + "o_proj.bias" in tensors:
-            o_bias = vec(a + "o_proj.bias").to(dtype).contiguous()
+        qkv_bias, qk_norm, o_bias = _attention_vectors(args, tensors, a, vec, out, single)
         layers.append(
             LayerWeights(
                 qkv=qkv.with_gain(gain(p + "input_layernorm.weight")),
@@ -182,7 +203,7 @@ def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: t
     return ModelWeights(
         embed=plain(tensors["model.embed_tokens.weight"]),
         layers=tuple(layers),
-        norm=gain("model.norm.weight").to(dtype).contiguous(),
+        norm=out(gain("model.norm.weight")),
         lm_head=None if args.tie_word_embeddings else plain(tensors["lm_head.weight"]),
     )
 
@@ -227,17 +248,7 @@ def prepare_weights(
         k = interleave_heads(get(a + "k_proj.weight"), kv_heads, hd)[kvs]
         qkv = torch.cat([q, k, get(a + "v_proj.weight")[kvs]]) * gain(p + "input_layernorm.weight")
         gate_up = torch.cat([get(p + "mlp.gate_proj.weight")[fs], get(p + "mlp.up_proj.weight")[fs]])
-        qkv_bias = qk_norm = o_bias = None
-        if args.attention_bias:
-            qb = interleave_heads(get(a + "q_proj.bias"), heads, hd)[qs]
-            kb = interleave_heads(get(a + "k_proj.bias"), kv_heads, hd)[kvs]
-            qkv_bias = out(torch.cat([qb, kb, get(a + "v_proj.bias")[kvs]]))
-        if args.qk_norm:
-            qn = interleave_heads(get(a + "q_norm.weight"), 1, hd)
-            kn = interleave_heads(get(a + "k_norm.weight"), 1, hd)
-            qk_norm = out(torch.cat([qn.expand(s.num_heads, hd), kn.expand(s.num_kv_heads, hd)]))
-        if a + "o_proj.bias" in tensors:
-            o_bias = out(get(a + "o_proj.bias"))
+        qkv_bias, qk_norm, o_bias = _attention_vectors(args, tensors, a, get, out, s)
         layers.append(
             LayerWeights(
                 qkv=out(qkv),

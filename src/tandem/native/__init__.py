@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loads torch's libgomp first, so the kernels share its OpenMP runtime)
 
+from tandem import overrides
 from tandem.cache import cache_dir
 
 log = logging.getLogger(__name__)
@@ -52,12 +53,12 @@ _loaded: dict[tuple[str, str], ctypes.CDLL | None] = {}
 
 def enabled() -> bool:
     """Native kernels are on unless ``TANDEM_NATIVE=0``."""
-    return os.environ.get("TANDEM_NATIVE", "1") != "0"
+    return overrides.native_enabled()
 
 
 def default_isa() -> str:
     """The ISA variant the engine's kernels are built for: ``$TANDEM_NATIVE_ISA`` or ``native``."""
-    isa = os.environ.get("TANDEM_NATIVE_ISA", "native")
+    isa = overrides.native_isa() or "native"
     if isa not in ISA_FLAGS:
         raise ValueError(f"TANDEM_NATIVE_ISA={isa!r}; one of {sorted(ISA_FLAGS)}")
     return isa

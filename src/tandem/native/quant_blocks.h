@@ -167,19 +167,27 @@ static inline void k_scale_min(int j, const uint8_t *s, float *sc, float *mn) {
     }
 }
 
+/* ds[j] = d * scale_j and dm[j] = dmin * min_j for the 8 sub-blocks of the Q4_K / Q5_K block at b. */
+static inline void k_scales(const uint8_t *b, float *ds, float *dm) {
+    const float d = q_f16(b), dmin = q_f16(b + 2);
+    for (int j = 0; j < 8; j++) {
+        float sc, mn;
+        k_scale_min(j, b + 4, &sc, &mn);
+        ds[j] = d * sc;
+        dm[j] = dmin * mn;
+    }
+}
+
 /* Q4_K: d, dmin, scales[12], qs[128]; each 32 bytes of qs hold two sub-blocks (low, then high nibbles). */
 static void deq_q4_k(const uint8_t *restrict b, int64_t nb, float *restrict y) {
     for (int64_t i = 0; i < nb; i++, b += 144) {
-        const float d = q_f16(b), dmin = q_f16(b + 2);
-        const uint8_t *s = b + 4, *q = b + 16;
+        float ds[8], dm[8];
+        k_scales(b, ds, dm);
+        const uint8_t *q = b + 16;
         for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
-            float sc0, m0, sc1, m1;
-            k_scale_min(j, s, &sc0, &m0);
-            k_scale_min(j + 1, s, &sc1, &m1);
-            const float d0 = d * sc0, n0 = dmin * m0, d1 = d * sc1, n1 = dmin * m1;
             for (int l = 0; l < 32; l++) {
-                y[l] = d0 * (float)(q[l] & 15) - n0;
-                y[l + 32] = d1 * (float)(q[l] >> 4) - n1;
+                y[l] = ds[j] * (float)(q[l] & 15) - dm[j];
+                y[l + 32] = ds[j + 1] * (float)(q[l] >> 4) - dm[j + 1];
             }
         }
     }
@@ -188,18 +196,15 @@ static void deq_q4_k(const uint8_t *restrict b, int64_t nb, float *restrict y) {
 /* Q5_K: d, dmin, scales[12], qh[32], qs[128]; the fifth bit of sub-block j's element l is bit j of qh[l]. */
 static void deq_q5_k(const uint8_t *restrict b, int64_t nb, float *restrict y) {
     for (int64_t i = 0; i < nb; i++, b += 176) {
-        const float d = q_f16(b), dmin = q_f16(b + 2);
-        const uint8_t *s = b + 4, *qh = b + 16, *q = b + 48;
+        float ds[8], dm[8];
+        k_scales(b, ds, dm);
+        const uint8_t *qh = b + 16, *q = b + 48;
         for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
-            float sc0, m0, sc1, m1;
-            k_scale_min(j, s, &sc0, &m0);
-            k_scale_min(j + 1, s, &sc1, &m1);
-            const float d0 = d * sc0, n0 = dmin * m0, d1 = d * sc1, n1 = dmin * m1;
             for (int l = 0; l < 32; l++) {
                 const int lo = (q[l] & 15) | (((qh[l] >> j) & 1) << 4);
                 const int hi = (q[l] >> 4) | (((qh[l] >> (j + 1)) & 1) << 4);
-                y[l] = d0 * (float)lo - n0;
-                y[l + 32] = d1 * (float)hi - n1;
+                y[l] = ds[j] * (float)lo - dm[j];
+                y[l + 32] = ds[j + 1] * (float)hi - dm[j + 1];
             }
         }
     }
@@ -313,15 +318,13 @@ static void deq_q5_1_simd(const uint8_t *restrict b, int64_t nb, float *restrict
 static void deq_q4_k_simd(const uint8_t *restrict b, int64_t nb, float *restrict y) {
     const __m256i lo4 = _mm256_set1_epi8(15);
     for (int64_t i = 0; i < nb; i++, b += 144) {
-        const float d = q_f16(b), dmin = q_f16(b + 2);
-        const uint8_t *s = b + 4, *q = b + 16;
+        float ds[8], dm[8];
+        k_scales(b, ds, dm);
+        const uint8_t *q = b + 16;
         for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
-            float sc0, m0, sc1, m1;
-            k_scale_min(j, s, &sc0, &m0);
-            k_scale_min(j + 1, s, &sc1, &m1);
             const __m256i v = _mm256_loadu_si256((const __m256i *)q);
-            st32(_mm256_and_si256(v, lo4), 0, d * sc0, d * sc0, -dmin * m0, y);
-            st32(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), 0, d * sc1, d * sc1, -dmin * m1, y + 32);
+            st32(_mm256_and_si256(v, lo4), 0, ds[j], ds[j], -dm[j], y);
+            st32(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), 0, ds[j + 1], ds[j + 1], -dm[j + 1], y + 32);
         }
     }
 }
@@ -329,20 +332,18 @@ static void deq_q4_k_simd(const uint8_t *restrict b, int64_t nb, float *restrict
 static void deq_q5_k_simd(const uint8_t *restrict b, int64_t nb, float *restrict y) {
     const __m256i lo4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     for (int64_t i = 0; i < nb; i++, b += 176) {
-        const float d = q_f16(b), dmin = q_f16(b + 2);
-        const uint8_t *s = b + 4, *q = b + 48;
+        float ds[8], dm[8];
+        k_scales(b, ds, dm);
+        const uint8_t *q = b + 48;
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
         for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
-            float sc0, m0, sc1, m1;
-            k_scale_min(j, s, &sc0, &m0);
-            k_scale_min(j + 1, s, &sc1, &m1);
             const __m256i v = _mm256_loadu_si256((const __m256i *)q);
             const __m128i sh0 = _mm_cvtsi32_si128(j), sh1 = _mm_cvtsi32_si128(j + 1);
             const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, sh0), one), 4);
             const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, sh1), one), 4);
-            st32(_mm256_or_si256(_mm256_and_si256(v, lo4), h0), 0, d * sc0, d * sc0, -dmin * m0, y);
-            st32(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), h1), 0, d * sc1, d * sc1,
-                 -dmin * m1, y + 32);
+            st32(_mm256_or_si256(_mm256_and_si256(v, lo4), h0), 0, ds[j], ds[j], -dm[j], y);
+            st32(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), h1), 0, ds[j + 1], ds[j + 1],
+                 -dm[j + 1], y + 32);
         }
     }
 }

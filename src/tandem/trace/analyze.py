@@ -1,4 +1,4 @@
-"""Trace analysis: turn spans into per-step facts (SEMANTICS.md §4, §6).
+"""Trace analysis: turn spans into per-step facts (docs/SEMANTICS.md §4, §6).
 
 Per step N (ids come from the span args):
 - ``execute`` (track ``device``): the step's device window on the worker;

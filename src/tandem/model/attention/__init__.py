@@ -7,12 +7,12 @@ naive reference.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 import torch
 
+from tandem import overrides
 from tandem.model.attention.base import AttentionBackend, slots_for_positions, write_kv
 from tandem.model.attention.naive import NaiveBackend
 from tandem.model.attention.paged_cpu import PagedCpuBackend
@@ -28,7 +28,7 @@ ATTENTION_BACKENDS: Mapping[str, Callable[[torch.dtype], AttentionBackend]] = Ma
 
 def default_attention_backend() -> str:
     """``paged_cpu``, or the backend named by ``TANDEM_ATTENTION_BACKEND`` (for A/B measurements)."""
-    name = os.environ.get("TANDEM_ATTENTION_BACKEND") or DEFAULT_ATTENTION_BACKEND
+    name = overrides.attention_backend() or DEFAULT_ATTENTION_BACKEND
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
             f"TANDEM_ATTENTION_BACKEND={name!r}; registered: {sorted(ATTENTION_BACKENDS)}"

@@ -1,0 +1,79 @@
+"""Matrix products on block-quantized weights (:class:`~tandem.model.block_quant.BlockQuantWeight`), used
+by every linear formulation in linear.py, and the kernel plan ``tandem config`` shows for them.
+
+Few rows (a decode, a verify, a draft head) run the native kernels on the blocks (``native/quant.h``); many
+rows (a prefill chunk) multiply tiles of rows dequantized natively into float32 with torch's GEMM, one tile
+at a time, so the weights are never resident in float32. The reference is gguf-py's dequantization.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tandem.model.block_quant import BlockQuantWeight
+from tandem.native.quant_linear import quant_linear_kernel
+
+QUANT_FEW_ROWS = 16  # up to this many rows a block-quantized product runs in the native kernel
+QUANT_TILE_FLOATS = 1 << 22  # float32 elements of one dequantized tile of a many-row product (16 MB)
+
+
+def block_quant_linear(
+    x: torch.Tensor,
+    weight: BlockQuantWeight,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    native: bool = True,
+) -> torch.Tensor:
+    """``(residual +) (x * gain) @ W^T (+ bias)`` for a block-quantized ``W`` and float32 ``x``.
+
+    ``native`` False: the reference (gguf-py's dequantization, one float32 product). Else the native kernel
+    for up to :data:`QUANT_FEW_ROWS` rows, and for more rows tiles of ``W``'s rows dequantized natively
+    into float32 and multiplied by torch's GEMM (the weights are never resident in float32); without a
+    compiler the reference."""
+    if x.dtype != torch.float32:
+        raise ValueError(f"block-quantized weight {weight.name!r}: float32 activations, got {x.dtype}")
+    kernel = quant_linear_kernel() if native else None
+    if kernel is not None and kernel.supports(weight) and x.device.type == "cpu":
+        if x.dim() == 2 and 1 <= x.shape[0] <= QUANT_FEW_ROWS:
+            res = None if residual is None else residual.contiguous()
+            return kernel(x, weight, None if bias is None else bias.contiguous(), res)
+        xg = x if weight.gain is None else x * weight.gain
+        out_features, inp = weight.shape
+        step = max(64, QUANT_TILE_FLOATS // inp)
+        if step >= out_features:  # one tile: the product (and the residual add) straight into the result
+            w = kernel.row_range(weight, 0, out_features)
+            if residual is not None and x.dim() == 2:
+                y = torch.addmm(residual, xg, w.t()) if bias is None else torch.addmm(residual + bias, xg, w.t())
+                return y
+            y = F.linear(xg, w, bias)
+            return y if residual is None else y.add_(residual)
+        y = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
+        for start in range(0, out_features, step):
+            stop = min(start + step, out_features)
+            tile = kernel.row_range(weight, start, stop)
+            y[..., start:stop] = F.linear(xg, tile, None if bias is None else bias[start:stop])
+    else:
+        y = F.linear(x, weight.dequantize(torch.float32), bias)
+    return y if residual is None else y.add_(residual)
+
+
+def block_quant_plan(types: list[str]) -> dict[str, object]:
+    """What runs a block-quantized product of each stored type, by row count, on this machine: the one
+    place that maps (format, rows, ISA) to a kernel (shown by ``tandem config``)."""
+    from tandem import native
+
+    kernel = quant_linear_kernel()
+    isa = native.default_isa()
+    compiled = kernel.compiled_isa if kernel is not None else None
+    plan: dict[str, object] = {"isa": isa, "compiled": compiled}
+    for t in types:
+        if kernel is None:
+            plan[t] = {"any rows": "torch: gguf-py dequantization + float32 GEMM (no native kernels)"}
+            continue
+        plan[t] = {
+            f"1-{QUANT_FEW_ROWS} rows": f"native quant.h ({compiled}): dequantize to L1 + float32 FMA",
+            f"1-{8} rows, whole stack": f"native decode_forward ({compiled}) on the same kernel",
+            f">{QUANT_FEW_ROWS} rows": "native dequantized tiles of rows + torch float32 GEMM",
+        }
+    return plan
