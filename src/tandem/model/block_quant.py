@@ -7,7 +7,10 @@ types stacked by rows (a fused ``qkv`` whose q, k and v were stored in different
 have multiplied into their columns (weights.py); blocks cannot absorb it, so it stays a vector.
 
 Row operations (a permutation of q/k rows, a vocabulary subset for a draft head, stacking parts) move
-whole rows of bytes and never requantize. Products run in the native kernels (``native/quant.h``:
+whole rows of bytes and never requantize. Once a matrix is assembled, :meth:`BlockQuantWeight.repacked` puts
+its Q4_0 / Q4_1 / Q8_0 parts into the interleaved layout the few-row kernels stream (block_repack.py: 16 rows
+at a time, the same bytes); row operations and the reference see GGML's layout again through
+:meth:`BlockPart.plain`. Products run in the native kernels (``native/quant.h``:
 ``NativeLinear`` and the native decoder stack); :meth:`BlockQuantWeight.dequantize` is the reference, via
 gguf-py's ``gguf.quants.dequantize``, and what the torch reference path multiplies with.
 """
@@ -24,6 +27,8 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
+from tandem.model import block_repack
+
 QType = GGMLQuantizationType
 # Types the native kernels compute on (native/quant.h); any other GGUF type is dequantized at load.
 KERNEL_TYPES = frozenset(
@@ -35,6 +40,7 @@ KERNEL_TYPES = frozenset(
 # Types that are plain floats (kept dequantized: there is nothing to save by keeping them).
 FLOAT_TYPES = frozenset((QType.F32, QType.F16, QType.BF16))
 QDESC_HEAD, QDESC_PART = 4, 4  # quant.h's descriptor layout
+QDESC_INTERLEAVED = 0x100  # quant.h: a part type with this flag is in block_repack's interleaved layout
 
 
 def type_name(qtype: int) -> str:
@@ -62,10 +68,23 @@ def row_bytes(qtype: int, in_features: int, name: str = "tensor") -> int:
 class BlockPart:
     qtype: int
     data: torch.Tensor  # uint8 [rows, row_bytes], contiguous
+    interleaved: bool = False  # block_repack's layout (16 rows at a time), else GGML's rows
 
     @property
     def rows(self) -> int:
         return int(self.data.shape[0])
+
+    def plain(self) -> torch.Tensor:
+        """The rows in GGML's layout (the data itself, or unpacked from the interleaved layout)."""
+        if not self.interleaved:
+            return self.data
+        return torch.from_numpy(block_repack.unpack(self.data.numpy(), self.qtype))
+
+    def plain_rows(self, local: torch.Tensor) -> torch.Tensor:
+        """Rows ``local`` in GGML's layout (unpacking only the groups they fall in)."""
+        if not self.interleaved:
+            return self.data.index_select(0, local)
+        return torch.from_numpy(block_repack.unpack_rows(self.data.numpy(), self.qtype, local.numpy()))
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,6 +137,7 @@ class BlockQuantWeight:
             if w.in_features != inp or w.gain is not None:
                 raise ValueError(f"stack {name!r}: matrices of {inp} inputs without gains")
             for p in w.parts:
+                p = BlockPart(p.qtype, p.plain()) if p.interleaved else p
                 if parts and parts[-1].qtype == p.qtype:
                     parts[-1] = BlockPart(p.qtype, torch.cat([parts[-1].data, p.data]))
                 else:
@@ -131,7 +151,8 @@ class BlockQuantWeight:
         return replace(self, gain=g)
 
     def take_rows(self, index: torch.Tensor | Sequence[int]) -> BlockQuantWeight:
-        """Rows ``index`` (any order, repeats allowed), keeping the gain; parts follow the rows' types."""
+        """Rows ``index`` (any order, repeats allowed), keeping the gain; parts follow the rows' types. The
+        result is interleaved where this matrix had interleaved parts (and its row counts allow it)."""
         idx = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.shape[0]):
             raise ValueError(f"tensor {self.name!r}: row index outside [0, {self.shape[0]})")
@@ -145,13 +166,30 @@ class BlockQuantWeight:
                 j += 1
             p = self.parts[which[k]]
             local = idx[k:j] - int(starts[which[k]])
-            rows = p.data.index_select(0, local)
+            rows = p.plain_rows(local)
             if parts and parts[-1].qtype == p.qtype:
                 parts[-1] = BlockPart(p.qtype, torch.cat([parts[-1].data, rows]))
             else:
                 parts.append(BlockPart(p.qtype, rows.contiguous()))
             k = j
-        return BlockQuantWeight(tuple(parts), self.in_features, self.gain, self.name)
+        out = BlockQuantWeight(tuple(parts), self.in_features, self.gain, self.name)
+        return out.repacked() if any(p.interleaved for p in self.parts) else out
+
+    def repacked(self) -> BlockQuantWeight:
+        """This matrix with its Q4_0 / Q4_1 / Q8_0 rows in the interleaved layout (block_repack.py), whole
+        groups of 16 rows of each part (a remainder stays a GGML part after them); other parts as they are.
+        Same bytes."""
+        parts = []
+        for p in self.parts:
+            whole = p.rows - p.rows % block_repack.GROUP
+            if p.interleaved or not block_repack.can_repack(p.qtype, whole):
+                parts.append(p)
+                continue
+            data = torch.from_numpy(block_repack.repack(p.data[:whole].numpy(), p.qtype))
+            parts.append(BlockPart(p.qtype, data, interleaved=True))
+            if whole < p.rows:
+                parts.append(BlockPart(p.qtype, p.data[whole:].contiguous()))
+        return replace(self, parts=tuple(parts))
 
     # -- what it is ------------------------------------------------------------------------------------
     @property
@@ -172,12 +210,21 @@ class BlockQuantWeight:
     def types(self) -> tuple[str, ...]:
         return tuple(type_name(p.qtype) for p in self.parts)
 
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        """Each part's type and layout: ``Q4_1`` (GGML rows) or ``Q4_1x16`` (interleaved)."""
+        return tuple(type_name(p.qtype) + ("x16" if p.interleaved else "") for p in self.parts)
+
     @cached_property
     def descriptor(self) -> torch.Tensor:
         """quant.h's int64 descriptor: [in, n_parts, gain address, out, (type, rows, row bytes, address)...].
         Holds addresses: the object keeps the tensors alive as long as the descriptor is used."""
         head = [self.in_features, len(self.parts), 0 if self.gain is None else self.gain.data_ptr(), self.shape[0]]
-        body = [v for p in self.parts for v in (p.qtype, p.rows, p.data.shape[1], p.data.data_ptr())]
+        body = [
+            v
+            for p in self.parts
+            for v in (p.qtype | (QDESC_INTERLEAVED if p.interleaved else 0), p.rows, p.data.shape[1], p.data.data_ptr())
+        ]
         return torch.tensor(head + body, dtype=torch.int64)
 
     # -- reference computations --------------------------------------------------------------------------
@@ -185,7 +232,7 @@ class BlockQuantWeight:
         """The matrix the kernels multiply by: gguf-py's dequantization of every part (times the gain)."""
         rows = [
             torch.from_numpy(
-                np.ascontiguousarray(gguf_dequantize(p.data.numpy(), QType(p.qtype)), dtype=np.float32)
+                np.ascontiguousarray(gguf_dequantize(p.plain().numpy(), QType(p.qtype)), dtype=np.float32)
             ).reshape(p.rows, self.in_features)
             for p in self.parts
         ]

@@ -12,9 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from tandem.model.block_quant import BlockQuantWeight
+from tandem.model.block_repack import REPACK_TYPES
 from tandem.native.quant_linear import quant_linear_kernel
 
 QUANT_FEW_ROWS = 16  # up to this many rows a block-quantized product runs in the native kernel
+INTERLEAVED_TYPES = frozenset(t.name for t in REPACK_TYPES)
 QUANT_TILE_FLOATS = 1 << 22  # float32 elements of one dequantized tile of a many-row product (16 MB)
 
 
@@ -71,8 +73,13 @@ def block_quant_plan(types: list[str]) -> dict[str, object]:
         if kernel is None:
             plan[t] = {"any rows": "torch: gguf-py dequantization + float32 GEMM (no native kernels)"}
             continue
+        few = (
+            "interleaved 16 rows at a time (block_repack), mask + convert + float32 FMA"
+            if t in INTERLEAVED_TYPES
+            else "dequantize to L1 + float32 FMA"
+        )
         plan[t] = {
-            f"1-{QUANT_FEW_ROWS} rows": f"native quant.h ({compiled}): dequantize to L1 + float32 FMA",
+            f"1-{QUANT_FEW_ROWS} rows": f"native quant.h ({compiled}): {few}",
             f"1-{8} rows, whole stack": f"native decode_forward ({compiled}) on the same kernel",
             f">{QUANT_FEW_ROWS} rows": "native dequantized tiles of rows + torch float32 GEMM",
         }

@@ -12,7 +12,8 @@ Checked here, once: every expected tensor is present with the expected shape, no
 
 Block-quantized matrices (:class:`~tandem.model.block_quant.BlockQuantWeight`, ``quantization="gguf"``) take
 the same transforms without leaving their blocks: row permutations and concatenations move whole rows,
-and a gain that cannot be folded into blocks is kept beside the matrix and applied to its input.
+and a gain that cannot be folded into blocks is kept beside the matrix and applied to its input. Each
+assembled matrix then takes the interleaved layout the few-row kernels stream (block_repack.py; same bytes).
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: t
         return t.to(dtype).contiguous()
 
     def plain(t: Matrix) -> Matrix:
-        return t if isinstance(t, BlockQuantWeight) else out(t.to(device=device))
+        return t.repacked() if isinstance(t, BlockQuantWeight) else out(t.to(device=device))
 
     single = ShardPlan.single(args)
 
@@ -190,14 +191,14 @@ def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: t
                                          f"{p}gate_up")
         qkv_bias, qk_norm, o_bias = _attention_vectors(args, tensors, a, vec, out, single)
         layers.append(
-            LayerWeights(
-                qkv=qkv.with_gain(gain(p + "input_layernorm.weight")),
+            LayerWeights(  # each matrix in the layout the few-row kernels stream (block_repack.py)
+                qkv=qkv.with_gain(gain(p + "input_layernorm.weight")).repacked(),
                 qkv_bias=qkv_bias,
                 qk_norm=qk_norm,
-                o_proj=quant(a + "o_proj.weight"),
+                o_proj=quant(a + "o_proj.weight").repacked(),
                 o_bias=o_bias,
-                gate_up=gate_up.with_gain(gain(p + "post_attention_layernorm.weight")),
-                down=quant(p + "mlp.down_proj.weight"),
+                gate_up=gate_up.with_gain(gain(p + "post_attention_layernorm.weight")).repacked(),
+                down=quant(p + "mlp.down_proj.weight").repacked(),
             )
         )
     return ModelWeights(

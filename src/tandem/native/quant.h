@@ -8,7 +8,10 @@
  * is ``row bytes`` of consecutive blocks. ``gain`` (0 or the address of in float32 values) multiplies the
  * input columns: (x * gain) @ W^T, the RMSNorm gain that float32 weights have folded in (weights.py).
  *
- * How the product runs: Q4_0 / Q4_1 / Q8_0 under AVX-512 straight from the blocks (quant_fused.h); every
+ * A part whose type carries the QR16 flag is in the interleaved layout of model/block_repack.py (Q4_0, Q4_1,
+ * Q8_0: 16 rows at a time) and runs quant_r16.h's product, the fast one, on every ISA.
+ *
+ * How the other parts run: Q4_0 / Q4_1 / Q8_0 under AVX-512 straight from the blocks (quant_fused.h); every
  * other type and ISA dequantizes a tile of output features a chunk of QCHUNK inputs at a time into a float32
  * buffer that stays in L1 and multiplies every row of x against it with float32 FMAs. The activations stay
  * float32 either way: outputs equal the dequantized model's up to summation order. The per-output
@@ -23,6 +26,7 @@
 #define TANDEM_QUANT_H
 #include "quant_blocks.h"
 #include "quant_fused.h"
+#include "quant_r16.h"
 
 #define QDESC_HEAD 4
 #define QDESC_PART 4
@@ -114,6 +118,11 @@ static int q_row(const QMatrix *m, int64_t row, float *dst) {
     for (int64_t p = 0; p < m->n_parts; p++) {
         const int64_t *pt = m->parts + p * QDESC_PART;
         if (row < pt[1]) {
+            if (pt[0] & QR16) {
+                if (!r16_type(pt[0])) return -3;
+                r16_row(pt[0] & ~(int64_t)QR16, (const uint8_t *)pt[3], pt[2], row, m->in / 32, dst);
+                return 0;
+            }
             int64_t bytes;
             const int per = q_block(pt[0], &bytes);
             const deq_fn deq = q_dequantizer(pt[0]);
@@ -145,6 +154,16 @@ static int q_gemv(const int64_t *desc, const float *x, int64_t rows, float *y, i
         const int64_t *pt = m.parts + p * QDESC_PART;
         const int64_t type = pt[0], prow = pt[1], rb = pt[2];
         const uint8_t *data = (const uint8_t *)pt[3];
+        if (type & QR16) { /* every row count: a row gives the same bits in any batch */
+            if (!r16_type(type)) {
+                rc = -3;
+                break;
+            }
+            rc = r16_gemv(type & ~(int64_t)QR16, prow, rb, data, x, rows, in, y + base, ldy, num_threads);
+            if (rc != 0) break;
+            base += prow;
+            continue;
+        }
         int64_t bytes;
         const int per = q_block(type, &bytes);
         const deq_fn deq = q_dequantizer(type);

@@ -1,0 +1,94 @@
+"""The interleaved layout of Q4_0 / Q4_1 / Q8_0 rows that the native few-row products stream
+(``native/quant_r16.h``): 16 rows at a time, the same bytes per weight as GGML's blocks.
+
+GGML stores a matrix row by row, each row a sequence of 32-weight blocks (a float16 scale ``d``, Q4_1's
+float16 offset ``m``, then the quantized weights). A few-row product on that layout converts one block's
+scale and its 32 weights for every output feature, one feature at a time: ~20 vector instructions per
+32 weights, which made the product instruction-bound at about a quarter of the machine's read bandwidth
+(BENCHMARKS.md §13). Interleaved, the blocks of 16 consecutive rows at one block index lie together, and
+every field is laid out so that one vector register holds the same field of all 16 rows:
+
+==========  =================================================================================================
+``Q4_0``    ``d[16]`` (float16), then 4 chunks of 64 bytes: chunk ``c``'s 32-bit lane ``o`` holds row ``o``'s
+            weights ``8c .. 8c + 7`` of the block, weight ``8c + s`` in bits ``4s .. 4s + 3`` (288 bytes)
+``Q4_1``    ``d[16]``, ``m[16]`` (float16), then the same 4 chunks (320 bytes)
+``Q8_0``    ``d[16]``, then 32 x 16 int8: byte ``16 i + o`` is row ``o``'s weight ``i`` (544 bytes)
+==========  =================================================================================================
+
+so a group of 16 rows at one block index is 16 x the block's bytes, and a group's blocks follow each other
+(one sequential stream per group). The product then costs one mask and one conversion per 16 weights and
+one FMA per 16 weights and row (native/quant_r16.h). The data keeps the ``[rows, row bytes]`` shape of its
+part; only the byte order inside each group changes. :func:`repack` and :func:`unpack` are exact inverses
+(tested), and every reference computation (gguf-py's dequantization, row selection) runs on the unpacked
+GGML bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+Q = GGMLQuantizationType
+GROUP = 16  # rows interleaved together
+# type -> bytes of the float16 header (d, or d and m) of one block
+_HEADER = {Q.Q4_0: 2, Q.Q4_1: 4, Q.Q8_0: 2}
+REPACK_TYPES = frozenset(_HEADER)
+
+
+def can_repack(qtype: int, rows: int) -> bool:
+    """Whether a part of ``rows`` rows of ``qtype`` takes the interleaved layout (a whole number of groups)."""
+    return qtype in _HEADER and rows > 0 and rows % GROUP == 0
+
+
+def _blocks(data: np.ndarray, qtype: int) -> tuple[np.ndarray, int, int]:
+    block_bytes = GGML_QUANT_SIZES[Q(qtype)][1]
+    rows, rb = data.shape
+    nb = rb // block_bytes
+    return data.reshape(rows // GROUP, GROUP, nb, block_bytes), nb, block_bytes
+
+
+def repack(data: np.ndarray, qtype: int) -> np.ndarray:
+    """GGML rows ``[rows, row bytes]`` uint8 -> the interleaved layout, same shape."""
+    if not can_repack(qtype, data.shape[0]):
+        raise ValueError(f"repack: {Q(qtype).name} x {data.shape[0]} rows has no interleaved layout")
+    blocks, nb, block_bytes = _blocks(data, qtype)
+    g = blocks.shape[0]
+    blocks = blocks.transpose(0, 2, 1, 3)  # [groups, nb, 16 rows, block bytes]
+    h = _HEADER[Q(qtype)]
+    fields = [blocks[..., f : f + 2].reshape(g, nb, 2 * GROUP) for f in range(0, h, 2)]  # d[16], m[16]
+    body = blocks[..., h:]
+    if qtype == Q.Q8_0:
+        packed = body.transpose(0, 1, 3, 2).reshape(g, nb, 32 * GROUP)  # [i][o]
+    else:
+        q = np.concatenate([body & 15, body >> 4], axis=-1)  # [.., o, 32]: element l low, l + 16 high nibble
+        q = q.reshape(g, nb, GROUP, 4, 4, 2)  # o, chunk c, byte t, pair
+        packed = (q[..., 0] | (q[..., 1] << 4)).transpose(0, 1, 3, 2, 4).reshape(g, nb, 16 * GROUP)
+    out = np.concatenate([*fields, packed], axis=-1)
+    return np.ascontiguousarray(out.reshape(data.shape))
+
+
+def unpack(data: np.ndarray, qtype: int) -> np.ndarray:
+    """The interleaved layout ``[rows, row bytes]`` -> GGML rows, same shape (:func:`repack`'s inverse)."""
+    rows, rb = data.shape
+    block_bytes = GGML_QUANT_SIZES[Q(qtype)][1]
+    nb, g, h = rb // block_bytes, rows // GROUP, _HEADER[Q(qtype)]
+    flat = data.reshape(g, nb, GROUP * block_bytes)
+    fields = [flat[..., f * GROUP : (f + 2) * GROUP].reshape(g, nb, GROUP, 2) for f in range(0, h, 2)]
+    body = flat[..., h * GROUP :]
+    if qtype == Q.Q8_0:
+        q = body.reshape(g, nb, 32, GROUP).transpose(0, 1, 3, 2)
+    else:
+        packed = body.reshape(g, nb, 4, GROUP, 4).transpose(0, 1, 3, 2, 4)  # o, c, t
+        pairs = np.stack([packed & 15, packed >> 4], axis=-1).reshape(g, nb, GROUP, 32)  # element 8c + 2t + k
+        q = pairs[..., :16] | (pairs[..., 16:] << 4)
+    blocks = np.concatenate([*fields, q], axis=-1)  # [g, nb, 16, block bytes]
+    return np.ascontiguousarray(blocks.transpose(0, 2, 1, 3).reshape(rows, rb))
+
+
+def unpack_rows(data: np.ndarray, qtype: int, local: np.ndarray) -> np.ndarray:
+    """GGML rows ``local`` of an interleaved part, unpacking only the groups they fall in."""
+    groups = np.unique(local // GROUP)
+    rb = data.shape[1]
+    plain = unpack(data.reshape(-1, GROUP, rb)[groups].reshape(-1, rb), qtype)
+    where = np.searchsorted(groups, local // GROUP) * GROUP + local % GROUP
+    return plain[where]

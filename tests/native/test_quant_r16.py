@@ -1,0 +1,87 @@
+"""The product on interleaved Q4_0 / Q4_1 / Q8_0 rows (native/quant_r16.h) against gguf-py's
+dequantization and a float64 product, for every row count 1-8 (and 16, 64) and every ISA variant this CPU
+can run; row lookups; the same bits for a row alone, in a batch and at any thread count.
+
+Tolerance (as tests/native/test_quant_linear.py): per block four chains of 8 products, two adds, then one
+or two FMAs into the output's accumulator per block, so an output of n inputs sees at most n / 32 * 2 + 10
+roundings: 74 at n = 1024, 4.4e-6 of ``sum_i |x_i w_i|``; the tests allow 1.5e-5 of it (Q4_1's offset
+term m * sum(x) rounds like a product of the same magnitudes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tandem import native
+from tandem.model.block_quant import BlockQuantWeight
+from tandem.native.quant_linear import quant_linear_kernel
+from tests.quant_blocks import Q, random_blocks
+
+ISAS = native.runnable_isas()
+TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+pytestmark = pytest.mark.skipif(quant_linear_kernel() is None, reason="native kernels unavailable")
+
+
+def _weight(qtype: Q, out: int, inp: int, seed: int) -> BlockQuantWeight:
+    raw = random_blocks(qtype, out, inp, np.random.default_rng(seed))
+    return BlockQuantWeight.from_raw(raw, qtype, (out, inp), f"w.{qtype.name}")
+
+
+def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    ref = x.double() @ w.double().T
+    bound = 1.5e-5 * (x.double().abs() @ w.double().abs().T)
+    err = (y.double() - ref).abs()
+    assert bool((err <= bound + 1e-30).all()), f"max error {float(err.max()):.3g}"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_interleaved_product_matches_gguf_reference_at_every_row_count(isa: str, qtype: Q) -> None:
+    kernel = quant_linear_kernel(isa)
+    assert kernel is not None
+    w = _weight(qtype, 53, 1024, seed=int(qtype)).with_gain(torch.rand(1024) + 0.5)  # 48 interleaved + 5
+    r = w.repacked()
+    assert r.layouts == (f"{qtype.name}x16", qtype.name)
+    ref = w.dequantize()
+    gen = torch.Generator().manual_seed(int(qtype))
+    for rows in (*range(1, 9), 16, 64):
+        x = torch.randn(rows, 1024, generator=gen)
+        _check(kernel(x, r), x, ref)
+    bias, res = torch.randn(53, generator=gen), torch.randn(3, 53, generator=gen)
+    x = torch.randn(3, 1024, generator=gen)
+    _check(kernel(x, r, bias, res) - bias - res, x, ref)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_a_row_gives_the_same_bits_alone_in_a_batch_and_at_any_thread_count(isa: str, qtype: Q) -> None:
+    kernel = quant_linear_kernel(isa)
+    assert kernel is not None
+    w = _weight(qtype, 64, 576, 7).repacked()
+    x = torch.randn(9, 576, generator=torch.Generator().manual_seed(1))
+    full = kernel(x, w)
+    for r in range(9):
+        assert torch.equal(kernel(x[r : r + 1], w), full[r : r + 1])
+    assert torch.equal(kernel(x[2:5], w), full[2:5])
+    assert torch.equal(kernel(x[1:8], w), full[1:8])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(kernel(x, w), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_row_lookups_on_interleaved_parts_equal_the_reference_rows(isa: str) -> None:
+    kernel = quant_linear_kernel(isa)
+    assert kernel is not None
+    for qtype in TYPES:
+        w = _weight(qtype, 40, 256, 3)
+        r = w.repacked()
+        ids = torch.tensor([[39, 0], [17, 33]])
+        assert torch.equal(kernel.rows(r, ids), kernel.rows(w, ids))
+        torch.testing.assert_close(kernel.rows(r, ids), w.dequantize()[ids], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(kernel.row_range(r, 10, 37), w.dequantize()[10:37], rtol=1e-6, atol=1e-7)
