@@ -28,7 +28,7 @@ def test_repack_and_unpack_are_inverse_and_keep_the_bytes(qtype: Q) -> None:
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_fields_sit_where_the_docstring_says(qtype: Q) -> None:
     """Row o's scale at bytes 2o of the group-block, its weight 8c + s in bits 4s of lane o of chunk c (Q4)
-    or at byte 16 i + o (Q8_0)."""
+    or in byte t of lane o of chunk j for weight 4j + t (Q8_0)."""
     raw = random_blocks(qtype, 16, 64, np.random.default_rng(1))  # 16 rows, 2 blocks
     packed = block_repack.repack(raw, qtype).reshape(-1)
     bytes_per_block = raw.shape[1] // 2
@@ -43,7 +43,8 @@ def test_fields_sit_where_the_docstring_says(qtype: Q) -> None:
             body = group[16 * hdr :]
             for i in (0, 7, 8, 17, 31):
                 if qtype == Q.Q8_0:
-                    assert body[16 * i + o] == blk[2 + i]
+                    j, t = divmod(i, 4)
+                    assert body[64 * j + 4 * o + t] == blk[2 + i]
                     continue
                 want = (blk[hdr + i] & 15) if i < 16 else (blk[hdr + i - 16] >> 4)
                 c, s = divmod(i, 8)

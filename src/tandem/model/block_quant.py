@@ -41,6 +41,8 @@ KERNEL_TYPES = frozenset(
 FLOAT_TYPES = frozenset((QType.F32, QType.F16, QType.BF16))
 QDESC_HEAD, QDESC_PART = 4, 4  # quant.h's descriptor layout
 QDESC_INTERLEAVED = 0x100  # quant.h: a part type with this flag is in block_repack's interleaved layout
+# quant.h: an interleaved part's product on int8 activations, one or two levels (native/quant_r16_i8.h)
+ACTIVATION_FLAGS = {"float32": 0, "int8": 0x200, "int8x2": 0x400}
 
 
 def type_name(qtype: int) -> str:
@@ -93,6 +95,9 @@ class BlockQuantWeight:
     in_features: int
     gain: torch.Tensor | None = None  # [in] float32 or None
     name: str = field(default="", compare=False)
+    # what the interleaved parts' products quantize the activations to (ACTIVATION_FLAGS); other parts and
+    # the reference always multiply float32 activations
+    activations: str = "float32"
 
     def __post_init__(self) -> None:
         if not self.parts:
@@ -106,6 +111,8 @@ class BlockQuantWeight:
                 )
             if not p.data.is_contiguous():
                 raise ValueError(f"tensor {self.name!r}: block data must be contiguous")
+        if self.activations not in ACTIVATION_FLAGS:
+            raise ValueError(f"tensor {self.name!r}: activations {self.activations!r}; one of {list(ACTIVATION_FLAGS)}")
         if self.gain is not None and (
             self.gain.dtype != torch.float32 or tuple(self.gain.shape) != (self.in_features,)
         ):
@@ -172,7 +179,7 @@ class BlockQuantWeight:
             else:
                 parts.append(BlockPart(p.qtype, rows.contiguous()))
             k = j
-        out = BlockQuantWeight(tuple(parts), self.in_features, self.gain, self.name)
+        out = BlockQuantWeight(tuple(parts), self.in_features, self.gain, self.name, self.activations)
         return out.repacked() if any(p.interleaved for p in self.parts) else out
 
     def repacked(self) -> BlockQuantWeight:
@@ -190,6 +197,11 @@ class BlockQuantWeight:
             if whole < p.rows:
                 parts.append(BlockPart(p.qtype, p.data[whole:].contiguous()))
         return replace(self, parts=tuple(parts))
+
+    def with_activations(self, activations: str) -> BlockQuantWeight:
+        """The same matrix whose interleaved parts multiply ``activations`` (``"float32"``, ``"int8"``,
+        ``"int8x2"``: native/quant_r16_i8.h)."""
+        return replace(self, activations=activations)
 
     # -- what it is ------------------------------------------------------------------------------------
     @property
@@ -220,11 +232,13 @@ class BlockQuantWeight:
         """quant.h's int64 descriptor: [in, n_parts, gain address, out, (type, rows, row bytes, address)...].
         Holds addresses: the object keeps the tensors alive as long as the descriptor is used."""
         head = [self.in_features, len(self.parts), 0 if self.gain is None else self.gain.data_ptr(), self.shape[0]]
+        act = ACTIVATION_FLAGS[self.activations]
         body = [
             v
             for p in self.parts
-            for v in (p.qtype | (QDESC_INTERLEAVED if p.interleaved else 0), p.rows, p.data.shape[1], p.data.data_ptr())
-        ]
+            for v in (p.qtype | (QDESC_INTERLEAVED | act if p.interleaved else 0), p.rows, p.data.shape[1],
+                      p.data.data_ptr())
+        ]  # fmt: skip
         return torch.tensor(head + body, dtype=torch.int64)
 
     # -- reference computations --------------------------------------------------------------------------

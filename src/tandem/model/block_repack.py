@@ -12,12 +12,14 @@ every field is laid out so that one vector register holds the same field of all 
 ``Q4_0``    ``d[16]`` (float16), then 4 chunks of 64 bytes: chunk ``c``'s 32-bit lane ``o`` holds row ``o``'s
             weights ``8c .. 8c + 7`` of the block, weight ``8c + s`` in bits ``4s .. 4s + 3`` (288 bytes)
 ``Q4_1``    ``d[16]``, ``m[16]`` (float16), then the same 4 chunks (320 bytes)
-``Q8_0``    ``d[16]``, then 32 x 16 int8: byte ``16 i + o`` is row ``o``'s weight ``i`` (544 bytes)
+``Q8_0``    ``d[16]``, then 8 chunks of 64 bytes: chunk ``j``'s lane ``o`` holds row ``o``'s weights
+            ``4j .. 4j + 3`` as int8, weight ``4j + t`` in byte ``t`` (544 bytes)
 ==========  =================================================================================================
 
 so a group of 16 rows at one block index is 16 x the block's bytes, and a group's blocks follow each other
-(one sequential stream per group). The product then costs one mask and one conversion per 16 weights and
-one FMA per 16 weights and row (native/quant_r16.h). The data keeps the ``[rows, row bytes]`` shape of its
+(one sequential stream per group). The float32 product then costs one mask (or shift) and one conversion
+per 16 weights and one FMA per 16 weights and row (native/quant_r16.h); with int8 activations one VNNI
+instruction multiplies 4 weights of all 16 rows (native/quant_r16_i8.h). The data keeps the ``[rows, row bytes]`` shape of its
 part; only the byte order inside each group changes. :func:`repack` and :func:`unpack` are exact inverses
 (tested), and every reference computation (gguf-py's dequantization, row selection) runs on the unpacked
 GGML bytes.
@@ -58,7 +60,7 @@ def repack(data: np.ndarray, qtype: int) -> np.ndarray:
     fields = [blocks[..., f : f + 2].reshape(g, nb, 2 * GROUP) for f in range(0, h, 2)]  # d[16], m[16]
     body = blocks[..., h:]
     if qtype == Q.Q8_0:
-        packed = body.transpose(0, 1, 3, 2).reshape(g, nb, 32 * GROUP)  # [i][o]
+        packed = body.reshape(g, nb, GROUP, 8, 4).transpose(0, 1, 3, 2, 4).reshape(g, nb, 32 * GROUP)  # j, o, t
     else:
         q = np.concatenate([body & 15, body >> 4], axis=-1)  # [.., o, 32]: element l low, l + 16 high nibble
         q = q.reshape(g, nb, GROUP, 4, 4, 2)  # o, chunk c, byte t, pair
@@ -76,7 +78,7 @@ def unpack(data: np.ndarray, qtype: int) -> np.ndarray:
     fields = [flat[..., f * GROUP : (f + 2) * GROUP].reshape(g, nb, GROUP, 2) for f in range(0, h, 2)]
     body = flat[..., h * GROUP :]
     if qtype == Q.Q8_0:
-        q = body.reshape(g, nb, 32, GROUP).transpose(0, 1, 3, 2)
+        q = body.reshape(g, nb, 8, GROUP, 4).transpose(0, 1, 3, 2, 4).reshape(g, nb, GROUP, 32)
     else:
         packed = body.reshape(g, nb, 4, GROUP, 4).transpose(0, 1, 3, 2, 4)  # o, c, t
         pairs = np.stack([packed & 15, packed >> 4], axis=-1).reshape(g, nb, GROUP, 32)  # element 8c + 2t + k

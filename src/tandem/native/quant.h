@@ -9,7 +9,8 @@
  * input columns: (x * gain) @ W^T, the RMSNorm gain that float32 weights have folded in (weights.py).
  *
  * A part whose type carries the QR16 flag is in the interleaved layout of model/block_repack.py (Q4_0, Q4_1,
- * Q8_0: 16 rows at a time) and runs quant_r16.h's product, the fast one, on every ISA.
+ * Q8_0: 16 rows at a time) and runs quant_r16.h's product, the fast one, on every ISA; with QI8 / QI8X2 as
+ * well, quant_r16_i8.h's product on int8 activations (one or two levels).
  *
  * How the other parts run: Q4_0 / Q4_1 / Q8_0 under AVX-512 straight from the blocks (quant_fused.h); every
  * other type and ISA dequantizes a tile of output features a chunk of QCHUNK inputs at a time into a float32
@@ -26,7 +27,7 @@
 #define TANDEM_QUANT_H
 #include "quant_blocks.h"
 #include "quant_fused.h"
-#include "quant_r16.h"
+#include "quant_r16_i8.h"
 
 #define QDESC_HEAD 4
 #define QDESC_PART 4
@@ -120,7 +121,7 @@ static int q_row(const QMatrix *m, int64_t row, float *dst) {
         if (row < pt[1]) {
             if (pt[0] & QR16) {
                 if (!r16_type(pt[0])) return -3;
-                r16_row(pt[0] & ~(int64_t)QR16, (const uint8_t *)pt[3], pt[2], row, m->in / 32, dst);
+                r16_row(pt[0] & QTYPE_MASK, (const uint8_t *)pt[3], pt[2], row, m->in / 32, dst);
                 return 0;
             }
             int64_t bytes;
@@ -159,7 +160,9 @@ static int q_gemv(const int64_t *desc, const float *x, int64_t rows, float *y, i
                 rc = -3;
                 break;
             }
-            rc = r16_gemv(type & ~(int64_t)QR16, prow, rb, data, x, rows, in, y + base, ldy, num_threads);
+            const int levels = type & QI8X2 ? 2 : (type & QI8 ? 1 : 0);
+            rc = levels ? i8_gemv(type & QTYPE_MASK, levels, prow, rb, data, x, rows, in, y + base, ldy, num_threads)
+                        : r16_gemv(type & QTYPE_MASK, prow, rb, data, x, rows, in, y + base, ldy, num_threads);
             if (rc != 0) break;
             base += prow;
             continue;

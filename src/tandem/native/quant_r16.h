@@ -8,7 +8,8 @@
  *   int -> float conversion: the value is q * 16^s, exactly, and the input it multiplies was scaled by
  *   16^-s once per call (x_scaled), exactly (a power of two), so the float product is x * q rounded once,
  *   as without the scaling. Then one FMA per 16 weights and row of x.
- *   Q8_0: weight i of the 16 rows is 16 consecutive int8, one sign-extending load and one conversion.
+ *   Q8_0: a 64-byte chunk holds 4 weights of each row (weight 4j + t in byte t of the row's lane): two
+ *   shifts (one for t = 3) sign-extend byte t of all 16 lanes, one conversion.
  *   The block's partial sums (4 chains, input i into chain i % 4, added (0 + 1) + (2 + 3)) are multiplied
  *   by the 16 scales d; Q4_1's offset enters as m * sum(x over the block), Q4_0's -8 as d * (-8 * sum).
  * Versus a row at a time on GGML's layout (quant_fused.h) that is ~3 instructions per 16 weights instead
@@ -30,8 +31,10 @@
 #define QR16 0x100 /* descriptor type flag: block_repack.QDESC_INTERLEAVED */
 #define R16 16     /* rows per group */
 
+#define QTYPE_MASK 0xff /* the GGML type under the flags */
+
 static inline int r16_type(int64_t type) {
-    const int64_t base = type & ~(int64_t)QR16;
+    const int64_t base = type & QTYPE_MASK;
     return (type & QR16) && (base == GT_Q4_0 || base == GT_Q4_1 || base == GT_Q8_0);
 }
 
@@ -71,7 +74,7 @@ static void r16_row(int64_t base, const uint8_t *data, int64_t rb, int64_t row, 
         const float d = q_f16(blk + 2 * o);
         float *y = dst + b * 32;
         if (base == GT_Q8_0) {
-            for (int i = 0; i < 32; i++) y[i] = d * (float)(int8_t)q[16 * i + o];
+            for (int i = 0; i < 32; i++) y[i] = d * (float)(int8_t)q[64 * (i / 4) + 4 * o + i % 4];
             continue;
         }
         const float m = base == GT_Q4_1 ? q_f16(blk + 32 + 2 * o) : 0.0f;
@@ -98,10 +101,11 @@ typedef __m512i rvi;
 #define RV_LOADI(p) _mm512_loadu_si512((const void *)(p))
 #define RV_AND(a, b) _mm512_and_si512(a, b)
 #define RV_SRLI28(a) _mm512_srli_epi32(a, 28)
+#define RV_SRAI24(a) _mm512_srai_epi32(a, 24)
+#define RV_SLLI(a, n) _mm512_slli_epi32(a, n)
 #define RV_SET1I(v) _mm512_set1_epi32(v)
 #define RV_CVT(a) _mm512_cvtepi32_ps(a)
 #define RV_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define RV_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #define RV_STORE(p, v) _mm512_storeu_ps(p, v)
 #else
 #define RV_LANES 8
@@ -114,10 +118,11 @@ typedef __m256i rvi;
 #define RV_LOADI(p) _mm256_loadu_si256((const __m256i *)(p))
 #define RV_AND(a, b) _mm256_and_si256(a, b)
 #define RV_SRLI28(a) _mm256_srli_epi32(a, 28)
+#define RV_SRAI24(a) _mm256_srai_epi32(a, 24)
+#define RV_SLLI(a, n) _mm256_slli_epi32(a, n)
 #define RV_SET1I(v) _mm256_set1_epi32(v)
 #define RV_CVT(a) _mm256_cvtepi32_ps(a)
 #define RV_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define RV_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #define RV_STORE(p, v) _mm256_storeu_ps(p, v)
 #endif
 
@@ -139,10 +144,15 @@ static inline __attribute__((always_inline)) void r16_lanes(int64_t base, const 
         rv p[RV_ROWS][4];
         for (int r = 0; r < R; r++) p[r][0] = p[r][1] = p[r][2] = p[r][3] = RV_ZERO();
         if (base == GT_Q8_0) {
-#pragma GCC unroll 32
-            for (int i = 0; i < 32; i++) {
-                const rv w = RV_I8(q + 16 * i + lo);
-                for (int r = 0; r < R; r++) p[r][i & 3] = RV_FMA(RV_SET1(xb[r * in + i]), w, p[r][i & 3]);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const rvi v = RV_LOADI(q + 64 * j + 4 * lo);
+#pragma GCC unroll 4
+                for (int t = 0; t < 4; t++) { /* byte t of every lane, sign-extended */
+                    const rv w = RV_CVT(t == 3 ? RV_SRAI24(v) : RV_SRAI24(RV_SLLI(v, 24 - 8 * t)));
+                    for (int r = 0; r < R; r++)
+                        p[r][t] = RV_FMA(RV_SET1(xb[r * in + 4 * j + t]), w, p[r][t]);
+                }
             }
         } else {
 #pragma GCC unroll 4
@@ -213,7 +223,7 @@ static void r16_group(int64_t base, const uint8_t *g, int64_t nb, const float *x
                 const uint8_t *blk = g + b * gb, *q = blk + hdr;
                 float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 if (base == GT_Q8_0) {
-                    for (int i = 0; i < 32; i++) p[i & 3] += x[b * 32 + i] * (float)(int8_t)q[16 * i + o];
+                    for (int i = 0; i < 32; i++) p[i & 3] += x[b * 32 + i] * (float)(int8_t)q[64 * (i / 4) + 4 * o + i % 4];
                 } else {
                     for (int c = 0; c < 4; c++) {
                         uint32_t v;
