@@ -8,16 +8,17 @@ The llama.cpp peer runs in its own venv (``benchmarks/peers/setup_llamacpp.sh``,
 tandem runs and the other way round. Both engines get the same token ids (tandem's tokenizer), decode
 greedily for ``--max-tokens`` tokens without stopping, with 2 threads.
 
-speed: every arm loaded at once, arms taking turns prompt by prompt (the order rotating):
-  tandem fp32 (the file dequantized, ``quantization="none"``), tandem gguf, tandem gguf + each of
-  ``--spec`` (shipped heads, k = 3), llama.cpp single stream; then the same prompts 16 at a time (tandem
-  gguf, ``max_num_seqs=16``, against llama.cpp's C API batch of 16 sequences), and a prefill of a 512-token
+speed: every arm loaded at once, each in its own process (TandemArm says why), arms taking turns prompt by
+  prompt (the order rotating): tandem fp32 (the file dequantized, ``quantization="none"``), tandem gguf with
+  each of ``--activations`` (``quant_activations``), the first of them + each of ``--spec`` (shipped heads,
+  k = 3), llama.cpp single stream; then the same prompts 16 at a time (tandem gguf, ``max_num_seqs=16``, the
+  first two activations, against llama.cpp's C API batch of 16 sequences), and a prefill of a 512-token
   prompt (tandem fp32 vs gguf). Decode tok/s = tokens after the first / time from the first to the last
   token; weight bytes streamed per second = resident weight bytes x decode steps per second, against the
   machine's read bandwidth measured here (a 1 GiB buffer summed by 2 threads).
 accuracy: ``--prompts`` HumanEval prompts, each with the fp32 model's own greedy continuation of
   ``--max-tokens`` tokens, teacher-forced one decode step at a time through tandem gguf and tandem fp32 (the
-  native decode stack of both), and through llama.cpp (all positions' logits in one batch): top-1 agreement
+  native decode stack of both; gguf with each of ``--activations``), and through llama.cpp (all positions' logits in one batch): top-1 agreement
   and mean KL(p_fp32 || p_quantized) over the continuation's positions.
 """
 
@@ -42,28 +43,24 @@ from common import environment, humaneval
 
 from tandem import LLM, SamplingParams
 from tandem.model import CausalLM, KVCache
-from tandem.model.loader import load_checkpoint, resolve_model
+from tandem.model.loader import load_checkpoint, load_tokenizer, resolve_model
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
 
 MODEL = "smollm2-135m-instruct"
 
 
-class LlamaCpp:
-    """The peer worker process (JSON lines)."""
+class Worker:
+    """A benchmark engine in its own process, spoken to in JSON lines (one answer per command)."""
 
-    def __init__(self, python: str, path: Path, n_seq: int) -> None:
-        worker = Path(__file__).resolve().parent / "peers" / "llamacpp_worker.py"
-        self.proc = subprocess.Popen(
-            [python, str(worker), "--model", str(path), "--n-seq", str(n_seq), "--n-ctx", str(4096 * 4)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )
+    def __init__(self, cmd: list[str]) -> None:
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info = self._read()
 
     def _read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError("llama.cpp worker exited")
+            raise RuntimeError(f"worker {self.proc.args} exited")
         return json.loads(line)
 
     def ask(self, **msg: Any) -> dict[str, Any]:
@@ -77,6 +74,27 @@ class LlamaCpp:
             self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")  # the worker exits without an answer
             self.proc.stdin.flush()
         self.proc.wait(timeout=30)
+
+
+class LlamaCpp(Worker):
+    """The peer (benchmarks/peers/llamacpp_worker.py in the peer's venv)."""
+
+    def __init__(self, python: str, path: Path, n_seq: int) -> None:
+        worker = Path(__file__).resolve().parent / "peers" / "llamacpp_worker.py"
+        super().__init__([python, str(worker), "--model", str(path), "--n-seq", str(n_seq), "--n-ctx", str(4096 * 4)])
+
+
+class TandemArm(Worker):
+    """One tandem engine in its own process (``--arm-worker``), driven like the llama.cpp peer.
+
+    Why a process per arm: two engines in one process share one OpenMP runtime, and with more OpenMP
+    threads than cores libgomp stops spinning between parallel regions (its throttled spin count), so every
+    one of a decode step's ~150 parallel regions pays a futex wake-up: measured here, loading a second
+    (idle) engine beside one took its single-stream decode from ~140 to ~45 tok/s. Separate processes keep
+    each engine's runtime to itself, as separate llama.cpp and tandem processes are."""
+
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        super().__init__([sys.executable, __file__, "--arm-worker", json.dumps(kwargs)])
 
 
 def read_bandwidth() -> float:
@@ -94,49 +112,66 @@ def spec(method: str) -> dict[str, Any] | None:
     return None if method == "none" else {"method": method, "num_speculative_tokens": 3}
 
 
+def arm_worker(kwargs: dict[str, Any]) -> None:
+    """JSON lines on stdin/stdout: generate (as the llama.cpp worker: greedy, ignore_eos), prefill, stats."""
+    torch.set_num_threads(2)
+    llm = LLM(MODEL, **kwargs)
+    llm.generate("def f(x):", SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    plan = llm.engine_plan
+    print(json.dumps({"weight_bytes": plan.weight_bytes, "quantization": plan.quantization.as_dict()}), flush=True)
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg["cmd"] == "quit":
+            break
+        if msg["cmd"] == "generate":
+            params = SamplingParams(temperature=0, max_tokens=msg["max_tokens"], ignore_eos=True)
+            outs = llm.generate([{"prompt_token_ids": p} for p in msg["prompts"]], params, use_tqdm=False)
+            first = min(o.metrics.first_token_time for o in outs)
+            last = max(o.metrics.last_token_time for o in outs)
+            ans = {"tokens": [list(o.outputs[0].token_ids) for o in outs], "decode_s": last - first,
+                   "decode_tokens": sum(o.metrics.num_generation_tokens - 1 for o in outs)}
+        elif msg["cmd"] == "prefill":
+            t0 = time.perf_counter()
+            llm.generate({"prompt_token_ids": msg["ids"]}, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+            ans = {"prefill_s": time.perf_counter() - t0}
+        else:
+            ans = {"stats": llm.spec_decode_stats()}
+        print(json.dumps(ans), flush=True)
+    llm.shutdown()
+
+
 def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
     path = resolve_model(MODEL)
     prompts = humaneval(ns.prompts)
-    arms = {"tandem fp32": ("none", "none"), "tandem gguf": ("gguf", "none")}
+    base = {"max_num_seqs": 1, "max_model_len": 2048, "num_kv_blocks": 160, "async_scheduling": False}
+    arms: dict[str, dict[str, Any]] = {"tandem fp32": {"quantization": "none"}}
+    for a in ns.activations:
+        arms[f"tandem gguf {a}"] = {"quantization": "gguf", "quant_activations": a}
+    main_arm = f"tandem gguf {ns.activations[0]}"
     for m in ns.spec:
-        arms[f"tandem gguf + {m}"] = ("gguf", m)
-    engines: dict[str, LLM] = {}
-    for name, (q, m) in tqdm(arms.items(), desc="load"):
-        engines[name] = LLM(MODEL, quantization=q, speculative_config=spec(m), max_num_seqs=1,
-                            max_model_len=2048, num_kv_blocks=160, async_scheduling=False)
-        engines[name].generate(prompts[0], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-    tok = engines["tandem gguf"].get_tokenizer()
+        arms[f"{main_arm} + {m}"] = {"quantization": "gguf", "quant_activations": ns.activations[0],
+                                     "speculative_config": spec(m)}
+    workers = {n: TandemArm({**base, **kw}) for n, kw in tqdm(arms.items(), desc="load")}
+    tok = load_tokenizer(MODEL)
     ids = [tok.encode(p) for p in prompts]
-    weight_bytes = {n: e.engine_plan.weight_bytes for n, e in engines.items()}
+    weight_bytes = {n: w.info["weight_bytes"] for n, w in workers.items()}
     peer = LlamaCpp(ns.llamacpp_python, path, 16) if ns.llamacpp_python else None
     names = [*arms, *(["llama.cpp"] if peer else [])]
-    params = SamplingParams(temperature=0, max_tokens=ns.max_tokens, ignore_eos=True)
     rows: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     outputs: dict[str, list[list[int]]] = {n: [] for n in names}
     bar = tqdm(total=len(names) * len(prompts), desc="single stream")
     for i, p in enumerate(ids):
         k = i % len(names)
         for n in names[k:] + names[:k]:
+            w = peer if n == "llama.cpp" else workers[n]
             t0 = time.perf_counter()
-            if n == "llama.cpp":
-                assert peer is not None
-                r = peer.ask(cmd="generate", prompts=[p], max_tokens=ns.max_tokens)
-                e2e = time.perf_counter() - t0
-                rows[n].append({"e2e_s": e2e, "decode_s": r["decode_s"], "decode_tokens": r["decode_tokens"]})
-                outputs[n].append(r["tokens"][0])
-            else:
-                o = engines[n].generate({"prompt_token_ids": p}, params, use_tqdm=False)[0]
-                e2e = time.perf_counter() - t0
-                x = o.metrics
-                rows[n].append({"e2e_s": e2e, "decode_s": x.last_token_time - x.first_token_time,
-                                "decode_tokens": x.num_generation_tokens - 1})
-                outputs[n].append(list(o.outputs[0].token_ids))
+            r = w.ask(cmd="generate", prompts=[p], max_tokens=ns.max_tokens)  # type: ignore[union-attr]
+            rows[n].append({"e2e_s": time.perf_counter() - t0, "decode_s": r["decode_s"],
+                            "decode_tokens": r["decode_tokens"]})
+            outputs[n].append(r["tokens"][0])
             bar.update(1)
     bar.close()
-    stats = {n: engines[n].spec_decode_stats() for n in arms if "+" in n}
-    for e in engines.values():
-        e.shutdown()
-    del engines
+    stats = {n: workers[n].ask(cmd="stats")["stats"] for n in arms if "+" in n}
     bw = read_bandwidth()
     single = []
     for n in names:
@@ -152,58 +187,55 @@ def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
     ref = next(r for r in single if r["arm"] == "llama.cpp")["decode_tok_s"] if peer else None
     for r in single:
         r["vs_llamacpp"] = r["decode_tok_s"] / ref if ref else None
-    same = {n: sum(a == b for a, b in zip(outputs[n], outputs["tandem gguf"])) for n in names}
+    same = {n: sum(a == b for a, b in zip(outputs[n], outputs[main_arm])) for n in names}
+    for w in workers.values():
+        w.close()
 
     # 16-way aggregate decode: the same prompts, 16 at a time (cycled to 16)
     batch = [ids[i % len(ids)] for i in range(16)]
+    wide = {n: TandemArm({"quantization": "gguf", "quant_activations": a, "max_num_seqs": 16, "max_model_len": 2048,
+                          "async_scheduling": False})
+            for n, a in ((f"tandem gguf {a}", a) for a in ns.activations[:2])}
     agg = []
-    llm = LLM(MODEL, quantization="gguf", max_num_seqs=16, max_model_len=2048, async_scheduling=False)
-    llm.generate([{"prompt_token_ids": p} for p in batch[:2]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    order = [*wide, *(["llama.cpp"] if peer else [])]
     for rep in range(ns.repeats):
-        for n in (["llama.cpp", "tandem gguf"] if rep % 2 == 0 else ["tandem gguf", "llama.cpp"]):
-            if n == "llama.cpp":
-                if peer is None:
-                    continue
-                t0 = time.perf_counter()
-                r = peer.ask(cmd="generate", prompts=batch, max_tokens=ns.max_tokens)
-                agg.append({"arm": n, "rep": rep, "e2e_s": time.perf_counter() - t0, "decode_s": r["decode_s"],
-                            "decode_tokens": r["decode_tokens"]})
-            else:
-                t0 = time.perf_counter()
-                outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-                e2e = time.perf_counter() - t0
-                first = min(o.metrics.first_token_time for o in outs)
-                last = max(o.metrics.last_token_time for o in outs)
-                agg.append({"arm": n, "rep": rep, "e2e_s": e2e, "decode_s": last - first,
-                            "decode_tokens": sum(o.metrics.num_generation_tokens - 1 for o in outs)})
-    llm.shutdown()
+        k = rep % len(order)
+        for n in order[k:] + order[:k]:
+            w = peer if n == "llama.cpp" else wide[n]
+            t0 = time.perf_counter()
+            r = w.ask(cmd="generate", prompts=batch, max_tokens=ns.max_tokens)  # type: ignore[union-attr]
+            agg.append({"arm": n, "rep": rep, "e2e_s": time.perf_counter() - t0, "decode_s": r["decode_s"],
+                        "decode_tokens": r["decode_tokens"]})
+    for w in wide.values():
+        w.close()
     batch16 = []
-    for n in ("tandem gguf", "llama.cpp"):
+    for n in order:
         rs = [r for r in agg if r["arm"] == n]
-        if rs:
-            batch16.append({"arm": n, "decode_tok_s": sum(r["decode_tokens"] for r in rs) / sum(r["decode_s"] for r in rs),
-                            "e2e_tok_s": len(rs) * 16 * ns.max_tokens / sum(r["e2e_s"] for r in rs)})
+        batch16.append({"arm": n, "decode_tok_s": sum(r["decode_tokens"] for r in rs) / sum(r["decode_s"] for r in rs),
+                        "e2e_tok_s": len(rs) * 16 * ns.max_tokens / sum(r["e2e_s"] for r in rs)})
+    if ref:
+        b_ref = next(r for r in batch16 if r["arm"] == "llama.cpp")["decode_tok_s"]
+        for r in batch16:
+            r["vs_llamacpp"] = r["decode_tok_s"] / b_ref
     if peer:
         peer.close()
 
     # prefill of a 512-token prompt: fp32 vs gguf (tandem), best of 3 each, interleaved
-    long_ids = [t for p in ids for t in p] * 8
-    long_ids = long_ids[:512]
-    pre: dict[str, list[float]] = {"tandem fp32": [], "tandem gguf": []}
-    eng = {n: LLM(MODEL, quantization=q, max_num_seqs=1, max_num_batched_tokens=512, enable_prefix_caching=False)
-           for n, q in (("tandem fp32", "none"), ("tandem gguf", "gguf"))}
-    one = SamplingParams(temperature=0, max_tokens=1)
+    long_ids = ([t for p in ids for t in p] * 8)[:512]
+    pre_arms = {"tandem fp32": "none", main_arm: "gguf"}
+    eng = {n: TandemArm({"quantization": q, "quant_activations": None if q == "none" else ns.activations[0],
+                         "max_num_seqs": 1, "max_num_batched_tokens": 512, "enable_prefix_caching": False})
+           for n, q in pre_arms.items()}
+    pre: dict[str, list[float]] = {n: [] for n in eng}
     for _ in range(3):
-        for n, e in eng.items():
-            t0 = time.perf_counter()
-            e.generate({"prompt_token_ids": long_ids}, one, use_tqdm=False)
-            pre[n].append(512 / (time.perf_counter() - t0))
-    for e in eng.values():
-        e.shutdown()
+        for n, w in eng.items():
+            pre[n].append(512 / w.ask(cmd="prefill", ids=long_ids)["prefill_s"])
+    for w in eng.values():
+        w.close()
     prefill = [{"arm": n, "prefill_tok_s": max(v)} for n, v in pre.items()]
-    return {"resident_memory": resident_memory(), "single_stream": single, "batch16": batch16, "prefill_512": prefill, "read_bandwidth_GB_s": bw,
-            "outputs_equal_to_tandem_gguf": same, "weight_bytes": weight_bytes,
-            "llamacpp_system_info": peer.info.get("system_info") if peer else None}
+    return {"resident_memory": resident_memory(), "single_stream": single, "batch16": batch16, "prefill_512": prefill,
+            "read_bandwidth_GB_s": bw, "outputs_equal_to_main_arm": same, "main_arm": main_arm,
+            "weight_bytes": weight_bytes, "llamacpp_system_info": peer.info.get("system_info") if peer else None}
 
 
 def _teacher_forced(model: CausalLM, prompt: list[int], cont: list[int]) -> torch.Tensor:
@@ -288,15 +320,16 @@ def run_accuracy(ns: argparse.Namespace) -> dict[str, Any]:
     mf = CausalLM.from_tensors(fp32.args, fp32.tensors)
     del fp32
     q = load_checkpoint(MODEL, keep_quantized=True)
-    mq = CausalLM.from_tensors(q.args, q.tensors)
+    mq = {a: CausalLM.from_tensors(q.args, q.tensors, quant_activations=a) for a in ns.activations}
     del q
     peer = LlamaCpp(ns.llamacpp_python, path, 1) if ns.llamacpp_python else None
     per = []
     with torch.inference_mode():
         for p, c in tqdm(list(zip(ids, conts)), desc="teacher-forced"):
             ref = _teacher_forced(mf, p, c)
-            got = _teacher_forced(mq, p, c)
-            row = dict(zip(("tandem_top1", "tandem_kl"), _compare(ref, got)))
+            row = {}
+            for a, m in mq.items():
+                row.update(zip((f"tandem_{a}_top1", f"tandem_{a}_kl"), _compare(ref, _teacher_forced(m, p, c))))
             if peer:
                 with tempfile.NamedTemporaryFile(suffix=".npy") as f:
                     peer.ask(cmd="logits", ids=p + c, out=f.name)
@@ -316,11 +349,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="16-way rounds per engine")
     ap.add_argument("--spec", nargs="*", default=["eagle3", "mtp"])
+    ap.add_argument("--activations", nargs="*", default=["int8x2", "float32", "int8"],
+                    help="gguf arms' quant_activations; the first is the main arm (spec, 16-way, prefill)")
+    ap.add_argument("--arm-worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--llamacpp-python", default=".venv-llamacpp/bin/python",
                     help="the peer venv's python ('' to skip llama.cpp)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="speed mode: a PNG of the decode rates")
     ns = ap.parse_args(argv)
+    if ns.arm_worker:
+        arm_worker(json.loads(ns.arm_worker))
+        return 0
     torch.set_num_threads(2)
     if ns.llamacpp_python and not Path(ns.llamacpp_python).exists():
         ap.error(f"{ns.llamacpp_python} not found: run benchmarks/peers/setup_llamacpp.sh (or pass '')")

@@ -32,15 +32,24 @@ class ModelConfig:
     seed: int = 0
     device: str = "cpu"
     # vLLM's name. None / "auto": a quantized GGUF file stays in its blocks on the CPU ("gguf"), anything
-    # else is dequantized ("none"); the decision and its reason: tandem.quantization.
+    # else is dequantized ("none"); "int8": weight-only int8 for any checkpoint; the decision and its
+    # reason: tandem.quantization.
     quantization: str | None = None
+    # what a "gguf" model's block-quantized products quantize their inputs to: None / "auto" (int8x2 where
+    # the kernels have AVX-512 VNNI, else float32), "float32", "int8", "int8x2" (tandem.quantization)
+    quant_activations: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model must be a non-empty string")
-        if self.quantization not in (None, "auto", "gguf", "none"):
+        if self.quantization not in (None, "auto", "gguf", "int8", "none"):
             raise ValueError(
-                f"quantization must be one of ('auto', 'gguf', 'none') or None, got {self.quantization!r}"
+                f"quantization must be one of ('auto', 'gguf', 'int8', 'none') or None, got {self.quantization!r}"
+            )
+        if self.quant_activations not in (None, "auto", "float32", "int8", "int8x2"):
+            raise ValueError(
+                "quant_activations must be one of ('auto', 'float32', 'int8', 'int8x2') or None, "
+                f"got {self.quant_activations!r}"
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")

@@ -4,32 +4,80 @@
 |------------------|------------------------------------------------|-----------------------------------------------------------|
 | None / "auto"    | "gguf" (``quantized_gguf``)                    | "none" (the first reason that applies)                    |
 | "gguf"           | "gguf" (``explicit``)                          | ``ValueError`` naming ``quantization`` and the reason     |
+| "int8"           | "int8" (``explicit``) on one CPU rank in float32, any checkpoint | ``ValueError`` (device, dtype, TP)      |
 | "none"           | "none" (``explicit``)                          | "none" (``explicit``)                                     |
 
 ``"gguf"`` keeps every matrix stored in a block type with a native kernel in its blocks
-(model/block_quant.py); activations stay float32. ``"none"`` dequantizes every weight at load and casts
-it to ``dtype``. Imports nothing heavy, so ``tandem config`` can print the decision without weights.
+(model/block_quant.py). ``"int8"`` is weight-only int8 for any checkpoint (safetensors or GGUF): each layer
+matrix rounded at load to int8 with one float32 scale per output feature (model/quant.py, the draft heads'
+format), the embedding and LM head kept float32. ``"none"`` dequantizes every weight at load and casts it to
+``dtype``. Imports nothing heavy, so ``tandem config`` can print the decision without weights.
+
+``quant_activations``: what the products on the interleaved Q4_0 / Q4_1 / Q8_0 matrices of a ``"gguf"`` model
+quantize their float32 inputs to (native/quant_r16_i8.h); the model's activations are float32 throughout.
+
+| requested       | "gguf", the kernels have AVX-512 VNNI          | "gguf", no VNNI                 | "none"               |
+|-----------------|------------------------------------------------|---------------------------------|----------------------|
+| None / "auto"   | "int8x2" (``vnni``)                            | "float32" (``no_vnni``)         | "float32" (``not_gguf``) |
+| "float32" / "int8" / "int8x2" | as requested (``explicit``; without VNNI int8 runs the portable C path) | | ``ValueError`` unless "float32" |
+
+``"int8x2"`` (two int8 levels per 32-input block: the block quantized, then its residual) keeps the outputs
+at the float32 product's up to ~5e-6 relative and is the fastest exact-enough choice measured here
+(BENCHMARKS.md §13); ``"int8"`` is llama.cpp's one level (lossy: ~1.5e-3 relative), an option.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-QUANTIZATION_CHOICES = (None, "auto", "gguf", "none")
+QUANTIZATION_CHOICES = (None, "auto", "gguf", "int8", "none")
+ACTIVATION_CHOICES = (None, "auto", "float32", "int8", "int8x2")
 
 
 @dataclass(frozen=True)
 class QuantizationDecision:
     requested: str | None
-    resolved: str  # "gguf" | "none"
+    resolved: str  # "gguf" | "int8" | "none"
     reason: str
+    # the block-quantized products' inputs (only "gguf" has any): requested, resolved, why
+    activations_requested: str | None = None
+    activations: str = "float32"
+    activations_reason: str = "not_gguf"
 
     @property
     def keep_quantized(self) -> bool:
         return self.resolved == "gguf"
 
+    @property
+    def int8_weights(self) -> bool:
+        return self.resolved == "int8"
+
     def as_dict(self) -> dict[str, object]:
-        return {"requested": self.requested, "resolved": self.resolved, "reason": self.reason}
+        return {
+            "requested": self.requested, "resolved": self.resolved, "reason": self.reason,
+            "activations": {"requested": self.activations_requested, "resolved": self.activations,
+                            "reason": self.activations_reason},
+        }  # fmt: skip
+
+
+def resolve_activations(decision: QuantizationDecision, requested: str | None, vnni: bool) -> QuantizationDecision:
+    """``decision`` with its activations resolved (the table above); ``vnni``: the compiled kernels have
+    AVX-512 VNNI (native.quant_linear)."""
+    if requested not in ACTIVATION_CHOICES:
+        raise ValueError(f"quant_activations must be one of {ACTIVATION_CHOICES[1:]} or None, got {requested!r}")
+    explicit = requested not in (None, "auto")
+    if not decision.keep_quantized:
+        if explicit and requested != "float32":
+            raise ValueError(
+                f"quant_activations {requested!r} needs quantization 'gguf' (resolved {decision.resolved!r}: "
+                f"{decision.reason})"
+            )
+        act, why = "float32", "explicit" if explicit else "not_gguf"
+    elif explicit:
+        act, why = str(requested), "explicit"
+    else:
+        act, why = ("int8x2", "vnni") if vnni else ("float32", "no_vnni")
+    return replace(decision, activations_requested=requested, activations=act, activations_reason=why)
 
 
 def resolve_quantization(
@@ -41,6 +89,15 @@ def resolve_quantization(
         raise ValueError(f"quantization must be one of {QUANTIZATION_CHOICES[1:]} or None, got {requested!r}")
     if requested == "none":
         return QuantizationDecision(requested, "none", "explicit")
+    if requested == "int8":
+        for blocked, why in (
+            (not device.startswith("cpu"), f"weight-only int8 runs on the CPU, not {device!r} (device)"),
+            (dtype != "float32", f"weight-only int8 takes float32 activations, not dtype {dtype!r} (dtype)"),
+            (tensor_parallel_size > 1, "weight-only int8 runs on one rank (tensor_parallel)"),
+        ):
+            if blocked:
+                raise ValueError(f"quantization 'int8' cannot be honoured: {why}; use 'none' or auto")
+        return QuantizationDecision(requested, "int8", "explicit")
     blockers = [
         (not quantized_gguf, "not_quantized_gguf", "the model is not a GGUF file with quantized matrices"),
         (not device.startswith("cpu"), "device", f"block-quantized kernels run on the CPU, not {device!r}"),

@@ -20,7 +20,8 @@ from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.linear import create_linear_kernels
 from tandem.model.loader import load_checkpoint
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
-from tandem.quantization import resolve_quantization
+from tandem.native.quant_linear import quant_linear_kernel
+from tandem.quantization import resolve_activations, resolve_quantization
 from tests.model.test_loader_gguf import tiny_model, write_gguf
 from tests.quant_blocks import Q
 
@@ -123,7 +124,11 @@ def test_resident_bytes_are_the_blocks(tiny_gguf: Path) -> None:
     mq, mf = _models(tiny_gguf)
     assert mq.weight_nbytes() < 0.4 * mf.weight_nbytes()
     plan = plan_engine(config_from_kwargs(str(tiny_gguf)), log=False)
-    assert plan.quantization.as_dict() == {"requested": None, "resolved": "gguf", "reason": "quantized_gguf"}
+    got = plan.quantization.as_dict()
+    assert {k: got[k] for k in ("requested", "resolved", "reason")} == {
+        "requested": None, "resolved": "gguf", "reason": "quantized_gguf"
+    }
+    assert got["activations"]["resolved"] == ("int8x2" if quant_linear_kernel().vnni else "float32")  # type: ignore[index,union-attr]
     assert plan.weight_bytes == mq.weight_nbytes()
     kernels: Any = plan.kernels
     assert kernels["compiled"] == native.cpu_isa() and set(kernels) >= {"Q4_K", "Q8_0", "Q6_K", "Q5_1"}
@@ -158,7 +163,8 @@ def test_a_type_without_a_kernel_is_dequantized_and_named(tmp_path: Path, caplog
 def test_decision_table() -> None:
     kw = {"dtype": "float32", "device": "cpu", "tensor_parallel_size": 1}
     r = resolve_quantization
-    assert r(None, quantized_gguf=True, **kw).as_dict() == {"requested": None, "resolved": "gguf", "reason": "quantized_gguf"}
+    got = r(None, quantized_gguf=True, **kw)
+    assert (got.requested, got.resolved, got.reason) == (None, "gguf", "quantized_gguf")
     assert r("auto", quantized_gguf=False, **kw).resolved == "none"
     assert r("none", quantized_gguf=True, **kw).reason == "explicit"
     assert r(None, quantized_gguf=True, **{**kw, "dtype": "bfloat16"}).reason == "dtype"
@@ -173,6 +179,36 @@ def test_decision_table() -> None:
     assert create_linear_kernels("torch").native_quant is False  # type: ignore[attr-defined]
 
 
+def test_activation_decision_table() -> None:
+    kw = {"dtype": "float32", "device": "cpu", "tensor_parallel_size": 1}
+    gguf = resolve_quantization(None, quantized_gguf=True, **kw)
+    none = resolve_quantization("none", quantized_gguf=True, **kw)
+    a = resolve_activations
+    assert (a(gguf, None, vnni=True).activations, a(gguf, None, vnni=True).activations_reason) == ("int8x2", "vnni")
+    assert (a(gguf, "auto", vnni=False).activations, a(gguf, "auto", vnni=False).activations_reason) == ("float32", "no_vnni")
+    assert (a(gguf, "int8", vnni=False).activations, a(gguf, "int8", vnni=False).activations_reason) == ("int8", "explicit")
+    assert a(none, None, vnni=True).activations == "float32" and a(none, None, vnni=True).activations_reason == "not_gguf"
+    assert a(none, "float32", vnni=True).activations_reason == "explicit"
+    with pytest.raises(ValueError, match="quant_activations 'int8x2' needs quantization 'gguf'"):
+        a(none, "int8x2", vnni=True)
+    with pytest.raises(ValueError, match="quant_activations must be one of"):
+        config_from_kwargs(quant_activations="int4")
+
+
+def test_int8_activations_stay_close_to_the_float_products(tiny_gguf: Path) -> None:
+    """A random tiny model amplifies input errors far more than a trained one: int8x2's logits (inputs off by
+    <= max|x| / 64516 per block) stay within 1e-3 of the logits' scale (measured 3e-4), and at least ten times
+    closer than one level's (llama.cpp's int8, measured ~0.14 of the scale here)."""
+    q = load_checkpoint(tiny_gguf, keep_quantized=True)
+    mf = CausalLM.from_tensors(q.args, q.tensors)
+    err = {}
+    for act in ("int8x2", "int8"):
+        m8 = CausalLM.from_tensors(q.args, q.tensors, quant_activations=act)
+        assert m8.layers[1].gate_up.activations == act and "Q4_1x16" in m8.layers[1].gate_up.layouts
+        err[act] = max(float((l8 - lf).abs().max() / lf.abs().max()) for l8, lf in zip(_steps(m8), _steps(mf)))
+    assert err["int8x2"] <= 1e-3 and 10 * err["int8x2"] < err["int8"]
+
+
 def test_tandem_config_shows_the_default_models_quantization(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
@@ -180,7 +216,13 @@ def test_tandem_config_shows_the_default_models_quantization(capsys: pytest.Capt
 
     assert cli_main(["config", "--json"]) in (0, None)
     doc = json.loads(capsys.readouterr().out)
-    assert doc["quantization"] == {"requested": None, "resolved": "gguf", "reason": "quantized_gguf"}
+    vnni = quant_linear_kernel().vnni  # type: ignore[union-attr]
+    assert doc["quantization"] == {
+        "requested": None, "resolved": "gguf", "reason": "quantized_gguf",
+        "activations": {"requested": None, "resolved": "int8x2" if vnni else "float32",
+                        "reason": "vnni" if vnni else "no_vnni"},
+    }  # fmt: skip
+    assert doc["kernels"]["activations"] == doc["quantization"]["activations"]["resolved"]
     assert 90e6 < doc["weight_bytes"] < 100e6  # the Q4_1 / Q8_0 blocks (the file is 98 MB), not 538 MB of fp32
     assert set(doc["kernels"]) >= {"isa", "compiled", "Q4_1", "Q8_0"}
     assert cli_main(["config", "--json", "--quantization", "none"]) in (0, None)
@@ -198,3 +240,5 @@ def test_isa_override_is_one_variable_shown_in_the_plan(monkeypatch: pytest.Monk
     plan = plan_engine(config_from_kwargs(), log=False).as_dict()
     assert plan["overrides"] == {"TANDEM_NATIVE_ISA": "portable"}
     assert plan["kernels"]["isa"] == "portable" and plan["kernels"]["compiled"] == "portable"  # type: ignore[index]
+    # the portable build has no VNNI: auto keeps float32 activations and says why
+    assert plan["quantization"]["activations"] == {"requested": None, "resolved": "float32", "reason": "no_vnni"}  # type: ignore[index]

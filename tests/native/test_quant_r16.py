@@ -1,6 +1,7 @@
-"""The product on interleaved Q4_0 / Q4_1 / Q8_0 rows (native/quant_r16.h) against gguf-py's
-dequantization and a float64 product, for every row count 1-8 (and 16, 64) and every ISA variant this CPU
-can run; row lookups; the same bits for a row alone, in a batch and at any thread count.
+"""The product on interleaved Q4_0 / Q4_1 / Q8_0 rows (native/quant_r16.h, and with int8 activations
+native/quant_r16_i8.h) against gguf-py's dequantization and a float64 product, for every row count 1-8 (and
+16, 64) and every ISA variant this CPU can run; row lookups; the same bits for a row alone, in a batch and
+at any thread count.
 
 Tolerance (as tests/native/test_quant_linear.py): per block four chains of 8 products, two adds, then one
 or two FMAs into the output's accumulator per block, so an output of n inputs sees at most n / 32 * 2 + 10
@@ -85,3 +86,44 @@ def test_row_lookups_on_interleaved_parts_equal_the_reference_rows(isa: str) -> 
         assert torch.equal(kernel.rows(r, ids), kernel.rows(w, ids))
         torch.testing.assert_close(kernel.rows(r, ids), w.dequantize()[ids], rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(kernel.row_range(r, 10, 37), w.dequantize()[10:37], rtol=1e-6, atol=1e-7)
+
+
+def _activation_bound(x: torch.Tensor, w: torch.Tensor, levels: int) -> torch.Tensor:
+    """|error| bound of an int8 product: per 32-input block the inputs err by at most max|x| / 254 (one
+    level) or max|x| / 254 / 254 (two: the residual, <= max|x| / 254, quantized again), times sum |w| over
+    the block; plus the float32 bound."""
+    amax = x.double().abs().reshape(x.shape[0], -1, 32).amax(-1)  # [rows, blocks]
+    wsum = w.double().abs().reshape(w.shape[0], -1, 32).sum(-1)  # [out, blocks]
+    step = 1 / 254 if levels == 1 else 1 / 254 / 254
+    return 1.01 * step * (amax @ wsum.T) + 1.5e-5 * (x.double().abs() @ w.double().abs().T)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("activations", ["int8", "int8x2"])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_int8_activations_within_their_quantization_bound(isa: str, activations: str, qtype: Q) -> None:
+    kernel = quant_linear_kernel(isa)
+    assert kernel is not None
+    w = _weight(qtype, 48, 576, seed=int(qtype)).with_gain(torch.rand(576) + 0.5)
+    r = w.repacked().with_activations(activations)
+    ref = w.dequantize()
+    gen = torch.Generator().manual_seed(5)
+    for rows in (1, 2, 3, 4, 5, 8, 16):
+        x = torch.randn(rows, 576, generator=gen)
+        err = (kernel(x, r).double() - x.double() @ ref.double().T).abs()
+        assert bool((err <= _activation_bound(x, ref, 1 if activations == "int8" else 2)).all())
+    x = torch.randn(9, 576, generator=gen)
+    full = kernel(x, r)
+    assert all(torch.equal(kernel(x[i : i + 1], r), full[i : i + 1]) for i in range(9))  # batch-invariant
+    assert torch.equal(kernel(x[3:7], r), full[3:7])
+
+
+def test_int8x2_is_two_orders_closer_than_int8() -> None:
+    kernel = quant_linear_kernel()
+    assert kernel is not None
+    w = _weight(Q.Q4_1, 64, 1024, seed=9).repacked()
+    x = torch.randn(4, 1024, generator=torch.Generator().manual_seed(2))
+    ref = x.double() @ w.dequantize().double().T
+    err = {a: float((kernel(x, w.with_activations(a)).double() - ref).abs().max()) for a in ("float32", "int8", "int8x2")}
+    assert err["int8x2"] * 100 < err["int8"] and err["float32"] < err["int8x2"]
+    assert kernel.vnni == ("avx512_vnni" in native._cpu_flags().split() and native.cpu_isa() == "avx512")

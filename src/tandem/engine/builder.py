@@ -28,7 +28,7 @@ from tandem.model.loader.model_info import load_model_args
 from tandem.model.loader.tokenizer import Tokenizer
 from tandem.model.model_args import ModelArgs
 from tandem.model.parallel import ShardPlan
-from tandem.quantization import QuantizationDecision, resolve_quantization
+from tandem.quantization import QuantizationDecision, resolve_activations, resolve_quantization
 from tandem.spec_decode.factory import get_proposer_class
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.worker import WorkerSpec
@@ -141,7 +141,20 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
     else:
         max_model_len = min(model_len, capacity)
     quant, weight_bytes, kernels = _plan_weights(config)
+    if quant.int8_weights:
+        weight_bytes = int8_weight_bytes(args)
     return EnginePlan(config, args, decision, num_blocks, max_model_len, bpb, quant, weight_bytes, kernels)
+
+
+def int8_weight_bytes(args: ModelArgs) -> int:
+    """Resident weight bytes under ``quantization="int8"`` (weights.py): each layer matrix one byte a weight
+    and a float32 scale per output feature; embedding, LM head (untied), norms and biases float32."""
+    h, hd, heads, kv, inter = args.hidden_size, args.head_dim, args.num_attention_heads, args.num_key_value_heads, args.intermediate_size
+    width = (heads + 2 * kv) * hd
+    per_layer = (width * h + width * 4) + (h * heads * hd + h * 4) + (2 * inter * h + 2 * inter * 4) + (h * inter + h * 4)
+    per_layer += 4 * ((width if args.attention_bias else 0) + ((heads + kv) * hd if args.qk_norm else 0))
+    embed = args.vocab_size * h * 4 * (1 if args.tie_word_embeddings else 2)
+    return args.num_hidden_layers * per_layer + embed + h * 4
 
 
 def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | None, dict[str, object] | None]:
@@ -158,6 +171,13 @@ def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | Non
         m.quantization, quantized_gguf=gf is not None and is_quantized_file(gf), dtype=m.resolved_dtype(),
         device=m.device, tensor_parallel_size=config.parallel.tensor_parallel_size,
     )
+    vnni = False
+    if decision.keep_quantized:
+        from tandem.native.quant_linear import quant_linear_kernel
+
+        kernel = quant_linear_kernel()
+        vnni = kernel is not None and kernel.vnni
+    decision = resolve_activations(decision, m.quant_activations, vnni)
     if gf is None:
         return decision, None, None
     from tandem.worker.worker import DTYPES
@@ -168,7 +188,7 @@ def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | Non
     if decision.keep_quantized:
         from tandem.model.block_quant_linear import block_quant_plan
 
-        kernels = block_quant_plan(types)
+        kernels = block_quant_plan(types, decision.activations)
     return decision, weight_bytes, kernels
 
 
@@ -193,8 +213,9 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
     plan = plan_engine(config)
     logger.info(plan.decision.log_line())
     logger.info(
-        "quantization: requested=%s resolved=%s reason=%s; resident weights %s",
+        "quantization: requested=%s resolved=%s reason=%s; activations %s (%s); resident weights %s",
         plan.quantization.requested, plan.quantization.resolved, plan.quantization.reason,
+        plan.quantization.activations, plan.quantization.activations_reason,
         "unknown" if plan.weight_bytes is None else f"{plan.weight_bytes / 2**20:.1f} MiB",
     )
     if config.scheduler.deferred_reconciliation and not plan.decision.resolved:
@@ -211,6 +232,8 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         eos_token_ids=eos,
         trace=tracer.enabled,
         quantized=plan.quantization.keep_quantized,
+        quant_activations=plan.quantization.activations,
+        int8_weights=plan.quantization.int8_weights,
     )
     executor = executor_cls.create(spec, tracer=tracer)
     k = config.speculative.num_speculative_tokens if config.speculative else 0

@@ -33,7 +33,7 @@ _LLM_ARGS = (
     "tokenizer dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
     "enable_prefix_caching num_kv_blocks kv_cache_memory async_scheduling executor_backend "
     "speculative_config worker_threads debug_invariants trace_file tensor_parallel_size "
-    "deferred_reconciliation ray_address quantization"
+    "deferred_reconciliation ray_address quantization quant_activations"
 ).split()
 
 
@@ -59,6 +59,7 @@ def config_from_kwargs(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
             seed=kw.get("seed") if kw.get("seed") is not None else 0,
             device=kw.get("device") or "cpu",
             quantization=kw.get("quantization"),
+            quant_activations=kw.get("quant_activations"),
         ),
         cache=CacheConfig(
             block_size=kw.get("block_size") or cache_defaults.block_size,

@@ -14,9 +14,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     g.add_argument(
-        "--quantization", "-q", default=None, choices=["auto", "gguf", "none"],
-        help="gguf: a quantized GGUF file's matrices stay in their blocks (float32 activations); none: "
-        "dequantize at load; default auto (gguf for a quantized GGUF file on one CPU rank in float32)",
+        "--quantization", "-q", default=None, choices=["auto", "gguf", "int8", "none"],
+        help="gguf: a quantized GGUF file's matrices stay in their blocks; int8: weight-only int8 (any "
+        "checkpoint, a scale per output feature); none: dequantize at load; default auto (gguf for a "
+        "quantized GGUF file on one CPU rank in float32)",
+    )
+    g.add_argument(
+        "--quant-activations", default=None, choices=["auto", "float32", "int8", "int8x2"],
+        help="what gguf products quantize their inputs to: int8x2 (two int8 levels, ~5e-6 relative), int8 "
+        "(one, llama.cpp's, lossy) or float32; default auto (int8x2 with AVX-512 VNNI, else float32)",
     )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-model-len", type=int, default=None)
@@ -60,7 +66,8 @@ def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
         "num_kv_blocks kv_cache_memory enable_prefix_caching async_scheduling executor_backend "
-        "tensor_parallel_size speculative_config worker_threads deferred_reconciliation ray_address quantization"
+        "tensor_parallel_size speculative_config worker_threads deferred_reconciliation ray_address quantization "
+        "quant_activations"
     ).split()
     kw = {k: getattr(ns, k) for k in keys}
     kw["debug_invariants"] = True if ns.debug_invariants else None

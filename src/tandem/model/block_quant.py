@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 from functools import cached_property
 
 import numpy as np
@@ -259,9 +260,12 @@ class BlockQuantWeight:
         return f"BlockQuantWeight({self.name!r}, {tuple(self.shape)}, {'+'.join(self.types)})"
 
 
-def weight_nbytes(w: torch.Tensor | BlockQuantWeight) -> int:
+def weight_nbytes(w: torch.Tensor | BlockQuantWeight | Any) -> int:
+    """Resident bytes of a plain tensor, a block-quantized matrix or an int8 one (its q and scales)."""
     if isinstance(w, BlockQuantWeight):
         return w.nbytes
+    if hasattr(w, "scale") and hasattr(w, "q"):  # model/quant.Int8Weight
+        return w.q.numel() + w.scale.numel() * 4
     return w.numel() * w.element_size()
 
 

@@ -60,7 +60,7 @@ def block_quant_linear(
     return y if residual is None else y.add_(residual)
 
 
-def block_quant_plan(types: list[str]) -> dict[str, object]:
+def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str, object]:
     """What runs a block-quantized product of each stored type, by row count, on this machine: the one
     place that maps (format, rows, ISA) to a kernel (shown by ``tandem config``)."""
     from tandem import native
@@ -68,16 +68,18 @@ def block_quant_plan(types: list[str]) -> dict[str, object]:
     kernel = quant_linear_kernel()
     isa = native.default_isa()
     compiled = kernel.compiled_isa if kernel is not None else None
-    plan: dict[str, object] = {"isa": isa, "compiled": compiled}
+    plan: dict[str, object] = {"isa": isa, "compiled": compiled, "activations": activations}
     for t in types:
         if kernel is None:
             plan[t] = {"any rows": "torch: gguf-py dequantization + float32 GEMM (no native kernels)"}
             continue
-        few = (
-            "interleaved 16 rows at a time (block_repack), mask + convert + float32 FMA"
-            if t in INTERLEAVED_TYPES
-            else "dequantize to L1 + float32 FMA"
-        )
+        if t not in INTERLEAVED_TYPES:
+            few = "dequantize to L1 + float32 FMA"
+        elif activations == "float32":
+            few = "interleaved 16 rows at a time (block_repack), mask + convert + float32 FMA"
+        else:
+            vnni = "VNNI" if kernel.vnni else "portable C"
+            few = f"interleaved 16 rows at a time (block_repack), {activations} activations, int8 dot products ({vnni})"
         plan[t] = {
             f"1-{QUANT_FEW_ROWS} rows": f"native quant.h ({compiled}): {few}",
             f"1-{8} rows, whole stack": f"native decode_forward ({compiled}) on the same kernel",

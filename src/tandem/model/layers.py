@@ -19,6 +19,7 @@ from torch import nn
 from tandem.distributed.communicator import SINGLE_RANK, Communicator
 from tandem.model.attention import AttentionBackend
 from tandem.model.block_quant import BlockQuantWeight
+from tandem.model.quant import Int8Weight
 from tandem.model.linear import LinearKernels
 from tandem.model.model_args import ModelArgs
 from tandem.model.parallel import ShardPlan, row_parallel_add
@@ -51,9 +52,10 @@ def _param(t: torch.Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t, requires_grad=False)
 
 
-def frozen_weight(t: torch.Tensor | BlockQuantWeight) -> nn.Parameter | BlockQuantWeight:
-    """A frozen parameter, or a block-quantized matrix as it is (a plain attribute: no tensor to register)."""
-    return t if isinstance(t, BlockQuantWeight) else nn.Parameter(t, requires_grad=False)
+def frozen_weight(t: torch.Tensor | BlockQuantWeight | Int8Weight) -> nn.Parameter | BlockQuantWeight | Int8Weight:
+    """A frozen parameter, or a block-quantized / int8 matrix as it is (a plain attribute: no tensor to
+    register)."""
+    return t if isinstance(t, (BlockQuantWeight, Int8Weight)) else nn.Parameter(t, requires_grad=False)
 
 
 class DecoderLayer(nn.Module):

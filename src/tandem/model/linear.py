@@ -64,6 +64,8 @@ class TorchLinear:
     ) -> torch.Tensor:
         if isinstance(weight, BlockQuantWeight):
             return block_quant_linear(x, weight, bias, native=self.native_quant)
+        if isinstance(weight, Int8Weight):  # the reference: the dequantized matrix
+            return F.linear(x, weight.dequantize(x.dtype), bias)
         return F.linear(x, weight, bias)
 
     def linear_add(
@@ -72,6 +74,8 @@ class TorchLinear:
         """``residual + x @ weight^T`` with the add fused into the product."""
         if isinstance(weight, BlockQuantWeight):
             return block_quant_linear(x, weight, residual=residual, native=self.native_quant)
+        if isinstance(weight, Int8Weight):
+            return torch.addmm(residual, x, weight.dequantize(x.dtype).t())
         return torch.addmm(residual, x, weight.t())
 
 
@@ -87,8 +91,8 @@ class CpuLinear(TorchLinear):
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if isinstance(weight, BlockQuantWeight):
-            return block_quant_linear(x, weight, bias, native=self.native_quant)
+        if isinstance(weight, (BlockQuantWeight, Int8Weight)):
+            return TorchLinear.linear(self, x, weight, bias)
         rows = x.shape[0]
         if x.dtype == torch.float32:
             return F.linear(x, weight, bias)
@@ -105,8 +109,8 @@ class CpuLinear(TorchLinear):
     def linear_add(
         self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     ) -> torch.Tensor:
-        if isinstance(weight, BlockQuantWeight):
-            return block_quant_linear(x, weight, residual=residual, native=self.native_quant)
+        if isinstance(weight, (BlockQuantWeight, Int8Weight)):
+            return TorchLinear.linear_add(self, residual, x, weight)
         rows = x.shape[0]
         if x.dtype == torch.float32:
             return torch.addmm(residual, x, weight.t())

@@ -105,6 +105,8 @@ class CausalLM(nn.Module):
         attn_backend: str | AttentionBackend | None = None,
         linear_kernels: str | None = None,
         comm: Communicator = SINGLE_RANK,
+        quant_activations: str = "float32",
+        int8_weights: bool = False,
     ) -> CausalLM:
         """Build from Hugging Face-named tensors; raises ``ValueError`` naming any bad tensor.
 
@@ -112,6 +114,8 @@ class CausalLM(nn.Module):
         :func:`default_attention_backend`); ``linear_kernels`` names
         the matrix-product formulations (default: ``cpu`` on CPU, ``torch`` elsewhere). ``comm``: this
         rank's tensor-parallel communicator (only the rank's weight slices are kept).
+        ``quant_activations``: the inputs of block-quantized products; ``int8_weights``: weight-only int8
+        layer matrices (both: tandem.quantization).
         """
         if not dtype.is_floating_point:
             raise ValueError(f"model dtype must be floating point, got {dtype}")
@@ -124,7 +128,7 @@ class CausalLM(nn.Module):
         )
         linear = create_linear_kernels(linear_kernels or default_linear_kernels(device))
         shard = ShardPlan.build(args, comm.world_size, comm.rank)
-        weights = prepare_weights(args, tensors, dtype, device, shard)
+        weights = prepare_weights(args, tensors, dtype, device, shard, quant_activations, int8_weights)
         return cls(args, weights, backend, linear, comm)
 
     @property

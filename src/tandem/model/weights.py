@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.model.block_quant import BlockQuantWeight
+from tandem.model.quant import Int8Weight
 from tandem.model.model_args import ModelArgs
 from tandem.model.parallel import ShardPlan
 from tandem.model.rope import interleave_heads
@@ -32,7 +33,7 @@ from tandem.model.rope import interleave_heads
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-Matrix = torch.Tensor | BlockQuantWeight
+Matrix = torch.Tensor | BlockQuantWeight | Int8Weight
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def _attention_vectors(
 
 
 def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: torch.device | str,
-                       dtype: torch.dtype) -> ModelWeights:
+                       dtype: torch.dtype, activations: str) -> ModelWeights:
     """:func:`prepare_weights` for a checkpoint whose matrices are block-quantized (one rank, the CPU):
     the same fusions, permutations and gains, on rows of blocks; vectors and any plain matrix as usual."""
     heads, kv_heads, hd = args.num_attention_heads, args.num_key_value_heads, args.head_dim
@@ -176,7 +177,10 @@ def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: t
         return t.to(dtype).contiguous()
 
     def plain(t: Matrix) -> Matrix:
-        return t.repacked() if isinstance(t, BlockQuantWeight) else out(t.to(device=device))
+        return fast(t) if isinstance(t, BlockQuantWeight) else out(t.to(device=device))
+
+    def fast(w: BlockQuantWeight) -> BlockQuantWeight:
+        return w.repacked().with_activations(activations)
 
     single = ShardPlan.single(args)
 
@@ -192,13 +196,13 @@ def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: t
         qkv_bias, qk_norm, o_bias = _attention_vectors(args, tensors, a, vec, out, single)
         layers.append(
             LayerWeights(  # each matrix in the layout the few-row kernels stream (block_repack.py)
-                qkv=qkv.with_gain(gain(p + "input_layernorm.weight")).repacked(),
+                qkv=fast(qkv.with_gain(gain(p + "input_layernorm.weight"))),
                 qkv_bias=qkv_bias,
                 qk_norm=qk_norm,
-                o_proj=quant(a + "o_proj.weight").repacked(),
+                o_proj=fast(quant(a + "o_proj.weight")),
                 o_bias=o_bias,
-                gate_up=gate_up.with_gain(gain(p + "post_attention_layernorm.weight")).repacked(),
-                down=quant(p + "mlp.down_proj.weight").repacked(),
+                gate_up=fast(gate_up.with_gain(gain(p + "post_attention_layernorm.weight"))),
+                down=fast(quant(p + "mlp.down_proj.weight")),
             )
         )
     return ModelWeights(
@@ -215,18 +219,26 @@ def prepare_weights(
     dtype: torch.dtype,
     device: torch.device | str,
     shard: ShardPlan | None = None,
+    quant_activations: str = "float32",
+    int8_weights: bool = False,
 ) -> ModelWeights:
     """Validate, fuse, permute and fold in float32, then convert to ``dtype`` on ``device`` (so each
     weight is rounded once). Returns contiguous tensors. With a tensor-parallel ``shard``, only the
-    rank's slices (model/parallel.py); the default one-rank plan slices nothing."""
+    rank's slices (model/parallel.py); the default one-rank plan slices nothing. ``quant_activations``: the
+    inputs of block-quantized products (tandem.quantization). ``int8_weights`` (``quantization="int8"``):
+    each layer matrix, folded in float32, rounded to int8 with a scale per output feature (model/quant.py);
+    the embedding and LM head stay in ``dtype``."""
     validate(args, tensors)
+    if int8_weights and (torch.device(device).type != "cpu" or dtype != torch.float32 or
+                         (shard is not None and shard.world_size > 1)):
+        raise ValueError("weight-only int8 (quantization 'int8') runs on one CPU rank in float32")
     if any(isinstance(t, BlockQuantWeight) for t in tensors.values()):
         if shard is not None and shard.world_size > 1:
             raise ValueError("block-quantized weights (quantization 'gguf') run on one rank; "
                              "use quantization 'none' with tensor_parallel_size > 1")
         if torch.device(device).type != "cpu" or dtype != torch.float32:
             raise ValueError("block-quantized weights (quantization 'gguf') run on the CPU in float32")
-        return _quantized_weights(args, tensors, device, dtype)
+        return _quantized_weights(args, tensors, device, dtype, quant_activations)
     heads, kv_heads, hd = args.num_attention_heads, args.num_key_value_heads, args.head_dim
     s = shard if shard is not None else ShardPlan.single(args)
     qs, kvs, fs = s.q_rows(hd), s.kv_rows(hd), s.ffn_rows
@@ -241,6 +253,9 @@ def prepare_weights(
         """An RMSNorm gain times sqrt(hidden) (see ``unit_rms``)."""
         return get(name) * args.hidden_size**0.5
 
+    def mat(t: torch.Tensor) -> torch.Tensor | Int8Weight:
+        return Int8Weight.quantize(t) if int8_weights else out(t)
+
     layers = []
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -252,13 +267,13 @@ def prepare_weights(
         qkv_bias, qk_norm, o_bias = _attention_vectors(args, tensors, a, get, out, s)
         layers.append(
             LayerWeights(
-                qkv=out(qkv),
+                qkv=mat(qkv),
                 qkv_bias=qkv_bias,
                 qk_norm=qk_norm,
-                o_proj=out(get(a + "o_proj.weight")[:, qs]),
+                o_proj=mat(get(a + "o_proj.weight")[:, qs]),
                 o_bias=o_bias,
-                gate_up=out(gate_up * gain(p + "post_attention_layernorm.weight")),
-                down=out(get(p + "mlp.down_proj.weight")[:, fs]),
+                gate_up=mat(gate_up * gain(p + "post_attention_layernorm.weight")),
+                down=mat(get(p + "mlp.down_proj.weight")[:, fs]),
             )
         )
     return ModelWeights(

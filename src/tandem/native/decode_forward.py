@@ -110,8 +110,8 @@ class DecodeForwardKernel:
         special = (Int8Weight, BlockQuantWeight)
         plain = [lw[n] for lw in layers for n in _MATRICES if not isinstance(lw[n], special)]
         dtype = plain[0].dtype if plain else torch.bfloat16  # type: ignore[union-attr]
-        if not plain and any(isinstance(lw[n], BlockQuantWeight) for lw in layers for n in _MATRICES):
-            dtype = k_caches[0].dtype
+        if not plain and any(isinstance(lw[n], special) for lw in layers for n in _MATRICES):
+            dtype = k_caches[0].dtype  # every matrix int8 / block-quantized: the activations' dtype
         if dtype not in DTYPES:
             raise ValueError(f"native decode: dtype {dtype} not in {DTYPES}")
         width, attn = (s.heads + 2 * s.kv_heads) * s.head_dim, s.heads * s.head_dim
@@ -189,8 +189,8 @@ class DecodeForwardKernel:
         ``rotations``: ``[T, head_dim]`` float32 (cos, sin) pairs; ``slot_mapping`` ``[T]`` int64;
         ``aux[i]``: a ``[T, hidden]`` tensor to receive the stream after layer ``i``, or ``None``."""
         s, rows = shape, x.shape[0]
-        if table.weights != table.dtype or table.int8:
-            raise ValueError("native decode: the stack needs weights in the activations' dtype")
+        if table.weights != table.dtype or (table.int8 and table.dtype != torch.float32):
+            raise ValueError("native decode: the stack needs weights in the activations' dtype (or int8 under float32)")
         if not 1 <= rows <= self.max_rows or rows != ix.num_rows:
             raise ValueError(f"native decode: {rows} rows (at most {self.max_rows}, indices {ix.num_rows})")
         check_dense(x, (rows, s.hidden), table.dtype, "x")

@@ -7,11 +7,13 @@
  */
 #include "quant.h"
 
-#define TANDEM_QUANT_LINEAR_ABI 1
+#define TANDEM_QUANT_LINEAR_ABI 2
 
 int tandem_quant_linear_abi(void) { return TANDEM_QUANT_LINEAR_ABI; }
 int tandem_quant_linear_max_rows(void) { return QMAX_ROWS; }
 const char *tandem_quant_linear_isa(void) { return QUANT_ISA; }
+/* Whether int8 activations run on AVX-512 VNNI here (else quant_r16_i8.h's portable path). */
+int tandem_quant_linear_vnni(void) { return I8_VNNI; }
 
 /* Whether ``type`` has a dequantizer here. */
 int tandem_quant_supported(int64_t type) { return q_dequantizer(type) != NULL; }

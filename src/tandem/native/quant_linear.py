@@ -11,7 +11,7 @@ import torch
 from tandem import native
 from tandem.model.block_quant import BlockQuantWeight, type_name
 
-_ABI = 1
+_ABI = 2
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -26,6 +26,7 @@ class QuantLinearKernel:
         self.max_rows = int(lib.tandem_quant_linear_max_rows())
         lib.tandem_quant_linear_isa.restype = ctypes.c_char_p
         self.compiled_isa = lib.tandem_quant_linear_isa().decode()  # avx512 / avx2 / portable
+        self.vnni = bool(lib.tandem_quant_linear_vnni())  # int8 activations on AVX-512 VNNI
         self._supported = lib.tandem_quant_supported
         self._supported.argtypes = [_i64]
         self._fn = lib.tandem_quant_linear

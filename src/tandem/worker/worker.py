@@ -36,6 +36,8 @@ class WorkerSpec:
     dist: DistInit | None = None
     device: str | None = None
     quantized: bool = False  # the resolved quantization is "gguf": matrices stay in their GGUF blocks
+    quant_activations: str = "float32"  # their products' inputs (the resolved quant_activations)
+    int8_weights: bool = False  # the resolved quantization is "int8": layer matrices int8 at load
 
     @property
     def dtype(self) -> torch.dtype:
@@ -51,7 +53,8 @@ def build_runner(
         raise ValueError("device 'cuda' was requested but CUDA is not available")
     comm = connect(spec.dist, spec.tp_rank, device)  # blocks until every rank has joined
     ckpt = checkpoint or load_checkpoint(cfg.model.model, spec.dtype, keep_quantized=spec.quantized)
-    model = CausalLM.from_tensors(ckpt.args, ckpt.tensors, spec.dtype, device, comm=comm)
+    model = CausalLM.from_tensors(ckpt.args, ckpt.tensors, spec.dtype, device, comm=comm,
+                                  quant_activations=spec.quant_activations, int8_weights=spec.int8_weights)
     args = ckpt.args
     kv = KVCache.allocate(
         args.num_hidden_layers,
