@@ -134,19 +134,19 @@ static inline __attribute__((always_inline)) void i8_lanes(int64_t base, const u
             }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 m = base == GT_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))) : d;
         const __m512 zero = _mm512_setzero_ps();
         for (int r = 0; r < R; r++) {
             const I8Block *xb = xp + r * nb + b;
-            const __m512 s1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(s[r][0], _mm512_set1_epi32(xb->corr[0])));
-            __m512 f = _mm512_fmadd_ps(s1, _mm512_set1_ps(xb->dx), zero); /* a product, rounded once */
-            if (levels > 1) {
-                const __m512 s2 = _mm512_cvtepi32_ps(_mm512_sub_epi32(s[r][1], _mm512_set1_epi32(xb->corr[1])));
-                f = _mm512_fmadd_ps(s2, _mm512_set1_ps(xb->dr), f);
+            __m512i t1 = s[r][0], t2 = s[r][1];
+            if (base != GT_Q4_1) { /* Q4_1's corrections are 0 */
+                t1 = _mm512_sub_epi32(t1, _mm512_set1_epi32(xb->corr[0]));
+                t2 = _mm512_sub_epi32(t2, _mm512_set1_epi32(xb->corr[1]));
             }
+            __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), _mm512_set1_ps(xb->dx), zero); /* rounded once */
+            if (levels > 1) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t2), _mm512_set1_ps(xb->dr), f);
             acc[r] = _mm512_fmadd_ps(d, f, acc[r]);
-            if (base == GT_Q4_1)
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))),
-                                         _mm512_set1_ps(xb->sum), acc[r]);
+            if (base == GT_Q4_1) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xb->sum), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + r * ldy, acc[r]);
