@@ -193,7 +193,7 @@ class BlockQuantWeight:
             if p.interleaved or not block_repack.can_repack(p.qtype, whole):
                 parts.append(p)
                 continue
-            data = torch.from_numpy(block_repack.repack(p.data[:whole].numpy(), p.qtype))
+            data = block_repack.aligned_copy(block_repack.repack(p.data[:whole].numpy(), p.qtype))
             parts.append(BlockPart(p.qtype, data, interleaved=True))
             if whole < p.rows:
                 parts.append(BlockPart(p.qtype, p.data[whole:].contiguous()))
