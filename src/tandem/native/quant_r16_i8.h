@@ -116,6 +116,7 @@ static inline __attribute__((always_inline)) void i8_lanes(int64_t base, const u
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = g + b * gb, *q = blk + hdr;
+        for (int64_t l = 0; l < gb; l += 64) _mm_prefetch((const char *)(blk + R16_PREFETCH + l), _MM_HINT_T0); /* quant_r16.h says why */
         __m512i s[I8_ROWS][2];
         for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
 #pragma GCC unroll 8
