@@ -68,7 +68,8 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
     kernel = quant_linear_kernel()
     isa = native.default_isa()
     compiled = kernel.compiled_isa if kernel is not None else None
-    plan: dict[str, object] = {"isa": isa, "compiled": compiled, "activations": activations}
+    plan: dict[str, object] = {"isa": isa, "compiled": compiled, "activations": activations,
+                               "amx": bool(kernel is not None and activations != "float32" and kernel.amx)}
     for t in types:
         if kernel is None:
             plan[t] = {"any rows": "torch: gguf-py dequantization + float32 GEMM (no native kernels)"}
@@ -79,7 +80,8 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
             few = "interleaved 16 rows at a time (block_repack), mask + convert + float32 FMA"
         else:
             vnni = "VNNI" if kernel.vnni else "portable C"
-            few = f"interleaved 16 rows at a time (block_repack), {activations} activations, int8 dot products ({vnni})"
+            amx = ", AMX tiles from 12 rows" if kernel.amx else ""
+            few = f"interleaved 16 rows at a time (block_repack), {activations} activations, int8 dot products ({vnni}{amx})"
         plan[t] = {
             f"1-{QUANT_FEW_ROWS} rows": f"native quant.h ({compiled}): {few}",
             f"1-{8} rows, whole stack": f"native decode_forward ({compiled}) on the same kernel",
