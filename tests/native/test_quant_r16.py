@@ -127,28 +127,3 @@ def test_int8x2_is_two_orders_closer_than_int8() -> None:
     err = {a: float((kernel(x, w.with_activations(a)).double() - ref).abs().max()) for a in ("float32", "int8", "int8x2")}
     assert err["int8x2"] * 100 < err["int8"] and err["float32"] < err["int8x2"]
     assert kernel.vnni == ("avx512_vnni" in native._cpu_flags().split() and native.cpu_isa() == "avx512")
-
-
-@pytest.mark.parametrize("activations", ["int8", "int8x2"])
-def test_amx_and_vnni_paths_give_the_same_bits(activations: str) -> None:
-    """Products of many rows may run on AMX tiles (native/quant_r16_amx.h): the same exact integer sums and
-    the same per-block epilogue as the VNNI path, so every row's bits equal the VNNI path's and the row's
-    alone (batch invariance across the switch at AMX_MIN_ROWS)."""
-    kernel = quant_linear_kernel()
-    assert kernel is not None
-    if not kernel.amx:
-        pytest.skip("no AMX here (CPU, compiler or kernel permission)")
-    gen = torch.Generator().manual_seed(3)
-    try:
-        for qtype in TYPES:
-            w = _weight(qtype, 48, 608, seed=int(qtype)).repacked().with_activations(activations)  # 19 blocks
-            for rows in (12, 13, 16, 17, 40):
-                x = torch.randn(rows, 608, generator=gen)
-                kernel.use_amx(True)
-                on = kernel(x, w)
-                alone = torch.cat([kernel(x[i : i + 1], w) for i in range(rows)])
-                kernel.use_amx(False)
-                off = kernel(x, w)
-                assert torch.equal(on, off) and torch.equal(on, alone), (qtype, rows)
-    finally:
-        kernel.use_amx(True)

@@ -16,6 +16,10 @@ from tandem.model.block_repack import REPACK_TYPES
 from tandem.native.quant_linear import quant_linear_kernel
 
 QUANT_FEW_ROWS = 16  # up to this many rows a block-quantized product runs in the native kernel
+# ... and up to this many when every part is interleaved (block_repack): at 24-64 rows the interleaved int8
+# product was 2.5-4x faster than dequantized tiles + GEMM (SmolLM2's gate_up / down, 2 threads), and a row
+# keeps its bits in any batch up to it (a verify of 8 requests x 4 rows is one such batch)
+QUANT_FEW_ROWS_INTERLEAVED = 64
 INTERLEAVED_TYPES = frozenset(t.name for t in REPACK_TYPES)
 QUANT_TILE_FLOATS = 1 << 22  # float32 elements of one dequantized tile of a many-row product (16 MB)
 
@@ -30,14 +34,16 @@ def block_quant_linear(
     """``(residual +) (x * gain) @ W^T (+ bias)`` for a block-quantized ``W`` and float32 ``x``.
 
     ``native`` False: the reference (gguf-py's dequantization, one float32 product). Else the native kernel
-    for up to :data:`QUANT_FEW_ROWS` rows, and for more rows tiles of ``W``'s rows dequantized natively
+    for up to :data:`QUANT_FEW_ROWS` rows (:data:`QUANT_FEW_ROWS_INTERLEAVED` on interleaved parts), and for
+    more rows tiles of ``W``'s rows dequantized natively
     into float32 and multiplied by torch's GEMM (the weights are never resident in float32); without a
     compiler the reference."""
     if x.dtype != torch.float32:
         raise ValueError(f"block-quantized weight {weight.name!r}: float32 activations, got {x.dtype}")
     kernel = quant_linear_kernel() if native else None
     if kernel is not None and kernel.supports(weight) and x.device.type == "cpu":
-        if x.dim() == 2 and 1 <= x.shape[0] <= QUANT_FEW_ROWS:
+        few = QUANT_FEW_ROWS_INTERLEAVED if all(p.interleaved for p in weight.parts) else QUANT_FEW_ROWS
+        if x.dim() == 2 and 1 <= x.shape[0] <= min(few, kernel.max_rows):
             res = None if residual is None else residual.contiguous()
             return kernel(x, weight, None if bias is None else bias.contiguous(), res)
         xg = x if weight.gain is None else x * weight.gain
@@ -68,8 +74,7 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
     kernel = quant_linear_kernel()
     isa = native.default_isa()
     compiled = kernel.compiled_isa if kernel is not None else None
-    plan: dict[str, object] = {"isa": isa, "compiled": compiled, "activations": activations,
-                               "amx": bool(kernel is not None and activations != "float32" and kernel.amx)}
+    plan: dict[str, object] = {"isa": isa, "compiled": compiled, "activations": activations}
     for t in types:
         if kernel is None:
             plan[t] = {"any rows": "torch: gguf-py dequantization + float32 GEMM (no native kernels)"}
@@ -80,11 +85,11 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
             few = "interleaved 16 rows at a time (block_repack), mask + convert + float32 FMA"
         else:
             vnni = "VNNI" if kernel.vnni else "portable C"
-            amx = ", AMX tiles from 12 rows" if kernel.amx else ""
-            few = f"interleaved 16 rows at a time (block_repack), {activations} activations, int8 dot products ({vnni}{amx})"
+            few = f"interleaved 16 rows at a time (block_repack), {activations} activations, int8 dot products ({vnni})"
+        n = QUANT_FEW_ROWS_INTERLEAVED if t in INTERLEAVED_TYPES else QUANT_FEW_ROWS
         plan[t] = {
-            f"1-{QUANT_FEW_ROWS} rows": f"native quant.h ({compiled}): {few}",
+            f"1-{n} rows": f"native quant.h ({compiled}): {few}",
             f"1-{8} rows, whole stack": f"native decode_forward ({compiled}) on the same kernel",
-            f">{QUANT_FEW_ROWS} rows": "native dequantized tiles of rows + torch float32 GEMM",
+            f">{n} rows": "native dequantized tiles of rows + torch float32 GEMM",
         }
     return plan

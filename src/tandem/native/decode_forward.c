@@ -139,8 +139,6 @@ static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *at
 }
 
 int tandem_decode_forward_abi(void) { return TANDEM_DECODE_FORWARD_ABI; }
-/* quant_linear.c's switch for this library's copy of the block-quantized products. */
-void tandem_quant_use_amx(int on) { amx_allowed = on; }
 int tandem_decode_forward_max_rows(void) { return MAX_ROWS; }
 
 /* x: [rows, hidden] dense, the embedded tokens in, the residual stream after the last layer out.

@@ -89,11 +89,6 @@ class DecodeForwardKernel:
         self._head_fn = lib.tandem_head_layer
         self._head_fn.argtypes = _HEAD_ARGS
         self._head_fn.restype = ctypes.c_int
-        self._lib = lib
-
-    def use_amx(self, on: bool) -> None:
-        """This library's copy of the block-quantized products: allow or forbid AMX (quant_linear.py)."""
-        self._lib.tandem_quant_use_amx(int(on))
 
     @staticmethod
     def layer_table(

@@ -14,10 +14,7 @@ int tandem_quant_linear_max_rows(void) { return QMAX_ROWS; }
 const char *tandem_quant_linear_isa(void) { return QUANT_ISA; }
 /* Whether int8 activations run on AVX-512 VNNI here (else quant_r16_i8.h's portable path). */
 int tandem_quant_linear_vnni(void) { return I8_VNNI; }
-/* Whether products of AMX_MIN_ROWS or more rows run on AMX tiles (quant_r16_amx.h); asks the kernel once. */
-int tandem_quant_linear_amx(void) { return amx_enabled(); }
-/* Allow (1) or forbid (0) the AMX path in this library (A/B measurements and the tests' bit comparison). */
-void tandem_quant_use_amx(int on) { amx_allowed = on; }
+
 
 /* Whether ``type`` has a dequantizer here. */
 int tandem_quant_supported(int64_t type) { return q_dequantizer(type) != NULL; }

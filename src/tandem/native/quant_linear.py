@@ -27,7 +27,6 @@ class QuantLinearKernel:
         lib.tandem_quant_linear_isa.restype = ctypes.c_char_p
         self.compiled_isa = lib.tandem_quant_linear_isa().decode()  # avx512 / avx2 / portable
         self.vnni = bool(lib.tandem_quant_linear_vnni())  # int8 activations on AVX-512 VNNI
-        self._lib = lib
         self._supported = lib.tandem_quant_supported
         self._supported.argtypes = [_i64]
         self._fn = lib.tandem_quant_linear
@@ -36,21 +35,6 @@ class QuantLinearKernel:
         self._rows = lib.tandem_quant_rows
         self._rows.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, ctypes.c_int]
         self._rows.restype = ctypes.c_int
-
-    @property
-    def amx(self) -> bool:
-        """Whether int8-activation products of many rows run on AMX tiles here (quant_r16_amx.h: built for
-        AMX and granted the tile state by the kernel)."""
-        return bool(self._lib.tandem_quant_linear_amx())
-
-    def use_amx(self, on: bool) -> None:
-        """Allow or forbid the AMX path in this library and the native decoder stack's (A/B runs, tests)."""
-        self._lib.tandem_quant_use_amx(int(on))
-        from tandem.native.decode_forward import decode_forward_kernel
-
-        stack = decode_forward_kernel()
-        if stack is not None:
-            stack.use_amx(on)
 
     def supports(self, weight: BlockQuantWeight) -> bool:
         return all(self._supported(p.qtype) for p in weight.parts)

@@ -106,7 +106,7 @@ static inline __m512i i8_bcast(const int8_t *p) {
 
 /* A block's 16 outputs of one row into acc, from its exact integer sums t1, t2 (one per level): the corrections
  * (``correct``: the sums include the weights' offsets), the activation scales, the weight scales d, Q4_1's
- * offsets m. Every path (VNNI, AMX) ends a block here, so a row's bits do not depend on the path. */
+ * offsets m. */
 static inline __attribute__((always_inline)) __m512 i8_finish(int64_t base, __m512i t1, __m512i t2,
                                                               const I8Block *xb, int levels, __m512 d, __m512 m,
                                                               __m512 acc, int correct) {
@@ -188,7 +188,6 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
     }
 }
 #define I8_VNNI 1
-#include "quant_r16_amx.h"
 #else
 /* The portable path: the same integers and the same float operations per block, lane by lane. */
 static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *xp, int64_t rows, int levels,
@@ -215,15 +214,6 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
         }
 }
 #define I8_VNNI 0
-#define AMX_MIN_ROWS (1 << 30)
-static int amx_allowed = 0;
-static inline int amx_enabled(void) { return 0; }
-static int amx_gemv(int64_t base, int levels, int64_t prow, int64_t rb, const uint8_t *data, const I8Block *xp,
-                    int64_t rows, int64_t nb, float *y, int64_t ldy, int num_threads) {
-    (void)base, (void)levels, (void)prow, (void)rb, (void)data, (void)xp, (void)rows, (void)nb, (void)y, (void)ldy;
-    (void)num_threads;
-    return -3;
-}
 #endif
 
 /* One interleaved part with int8 activations (levels 1 or 2): y[r * ldy + o]. Returns 0 or -2. */
@@ -233,11 +223,6 @@ static int i8_gemv(int64_t base, int levels, int64_t prow, int64_t rb, const uin
     I8Block *xp = malloc((size_t)(rows * nb) * sizeof(I8Block));
     if (!xp) return -2;
     i8_prepare(base, x, rows, in, levels, xp);
-    if (rows >= AMX_MIN_ROWS && amx_enabled()) {
-        const int rc = amx_gemv(base, levels, prow, rb, data, xp, rows, nb, y, ldy, num_threads);
-        free(xp);
-        return rc;
-    }
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t t = 0; t < groups; t++) i8_group(base, data + t * R16 * rb, nb, xp, rows, levels, y + t * R16, ldy);
     free(xp);
