@@ -25,3 +25,19 @@ def random_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator, scal
         d = (rng.standard_normal(raw.shape[0]) * scale).astype(np.float16)
         raw[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
     return raw.reshape(rows, cols // block * nbytes)
+
+
+def block_weight(qtype: Q, out: int, inp: int, seed: int):
+    """A ``[out, inp]`` BlockQuantWeight of random blocks (GGML rows)."""
+    from tandem.model.block_quant import BlockQuantWeight
+
+    raw = random_blocks(qtype, out, inp, np.random.default_rng(seed))
+    return BlockQuantWeight.from_raw(raw, qtype, (out, inp), f"w.{qtype.name}")
+
+
+def check_product(y, x, w) -> None:
+    """``y`` within ``1.5e-5 * sum_i |x_i w_i|`` of the float64 product ``x @ w^T`` (the tests' tolerance)."""
+    ref = x.double() @ w.double().T
+    bound = 1.5e-5 * (x.double().abs() @ w.double().abs().T)
+    err = (y.double() - ref).abs()
+    assert bool((err <= bound + 1e-30).all()), f"max error {float(err.max()):.3g}, bound {float(bound.min()):.3g}"

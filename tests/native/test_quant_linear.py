@@ -18,22 +18,14 @@ import torch
 from tandem import native
 from tandem.model.block_quant import BlockQuantWeight
 from tandem.native.quant_linear import quant_linear_kernel
-from tests.quant_blocks import KERNEL_TYPES, Q, random_blocks
+from tests.quant_blocks import KERNEL_TYPES, Q, block_weight, check_product
 
 ISAS = native.runnable_isas()
 pytestmark = pytest.mark.skipif(quant_linear_kernel() is None, reason="native kernels unavailable")
 
 
-def _weight(qtype: Q, out: int, inp: int, seed: int) -> BlockQuantWeight:
-    raw = random_blocks(qtype, out, inp, np.random.default_rng(seed))
-    return BlockQuantWeight.from_raw(raw, qtype, (out, inp), f"w.{qtype.name}")
-
-
-def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    ref = x.double() @ w.double().T
-    bound = 1.5e-5 * (x.double().abs() @ w.double().abs().T)
-    err = (y.double() - ref).abs()
-    assert bool((err <= bound + 1e-30).all()), f"max error {float(err.max()):.3g}, bound {float(bound.min()):.3g}"
+_weight = block_weight
+_check = check_product
 
 
 def test_every_isa_variant_is_built_and_reports_itself() -> None:

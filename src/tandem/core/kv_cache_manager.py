@@ -54,7 +54,8 @@ class KVCacheManager:
 
     # -- lookup ------------------------------------------------------------------------------------------
     def get_computed_blocks(self, req: Request) -> tuple[list[KVBlock], int]:
-        """Longest cached prefix of full blocks; at least the last known token is always recomputed."""
+        """Longest cached prefix of full blocks; at least the last known token is always recomputed. Counts
+        nothing (:meth:`record_query` does, at admission)."""
         if not self.enable_prefix_caching or req.num_computed_tokens:
             return [], 0
         self.update_block_hashes(req)
@@ -67,11 +68,16 @@ class KVCacheManager:
                 break
             hits.append(block)
             parent = req.block_hashes[i]
+        return hits, len(hits) * self.block_size
+
+    def record_query(self, req: Request, num_hit_tokens: int) -> None:
+        """Count one admitted request in the prefix-cache counters: its tokens looked up and those served.
+        The scheduler calls it once per request, at its first admission; a head of the queue that waits
+        for blocks is looked up again every step and must not be counted again."""
         stats = self.pool.stats
         stats.requests += 1
         stats.queries += req.num_tokens
-        stats.hits += len(hits) * self.block_size
-        return hits, len(hits) * self.block_size
+        stats.hits += num_hit_tokens
 
     # -- allocation --------------------------------------------------------------------------------------
     def allocate_slots(

@@ -167,8 +167,10 @@ class Scheduler:
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
             req.num_computed_tokens = num_hit
-            if req.num_cached_tokens < 0:
+            if req.num_cached_tokens < 0:  # first admission: counted once (a resumed request is not)
                 req.num_cached_tokens = num_hit
+                if req.sampling_params.prompt_logprobs is None and self.kv.enable_prefix_caching:
+                    self.kv.record_query(req, num_hit)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             num_scheduled[req.request_id] = n_new
@@ -263,6 +265,11 @@ class Scheduler:
 
     def _free_request(self, req: Request, status: RequestStatus) -> None:
         req.status = status
+        if status != RequestStatus.FINISHED_ERROR:
+            # Blocks completed by the request's last step enter the cache before its blocks are freed (a
+            # max_tokens=1 prompt, a chat turn's last full block); only blocks wholly before the confirmed
+            # frontier, as after every step. A failed step's KV is not trusted.
+            self.kv.cache_blocks(req, req.completed_frontier)
         self.kv.free(req)
         req.num_output_placeholders = 0
         req.spec_token_ids = []
