@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.block_repack import REPACK_TYPES
-from tandem.native.quant_linear import quant_linear_kernel
+from tandem.native import quant_linear as _quant_linear  # the module: it imports this package (a cycle)
 
 QUANT_FEW_ROWS = 16  # up to this many rows a block-quantized product runs in the native kernel
 # ... and up to this many when every part is interleaved (block_repack): at 24-64 rows the interleaved int8
@@ -40,7 +40,7 @@ def block_quant_linear(
     compiler the reference."""
     if x.dtype != torch.float32:
         raise ValueError(f"block-quantized weight {weight.name!r}: float32 activations, got {x.dtype}")
-    kernel = quant_linear_kernel() if native else None
+    kernel = _quant_linear.quant_linear_kernel() if native else None
     if kernel is not None and kernel.supports(weight) and x.device.type == "cpu":
         few = QUANT_FEW_ROWS_INTERLEAVED if all(p.interleaved for p in weight.parts) else QUANT_FEW_ROWS
         if x.dim() == 2 and 1 <= x.shape[0] <= min(few, kernel.max_rows):
@@ -71,7 +71,7 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
     place that maps (format, rows, ISA) to a kernel (shown by ``tandem config``)."""
     from tandem import native
 
-    kernel = quant_linear_kernel()
+    kernel = _quant_linear.quant_linear_kernel()
     isa = native.default_isa()
     compiled = kernel.compiled_isa if kernel is not None else None
     plan: dict[str, object] = {"isa": isa, "compiled": compiled, "activations": activations}
