@@ -51,10 +51,8 @@ class SchedulerOutput:
     # Requests the runner must forget before this step (finished, aborted or preempted since last step).
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
-    # Scheduler-side bookkeeping, not for the runner: each scheduled request's epoch (stale-output check)
-    # and its computed tokens before this step (to compute the completed frontier on return).
+    # Scheduler-side bookkeeping, not for the runner: each scheduled request's epoch (stale-output check).
     req_epochs: dict[str, int] = field(default_factory=dict)
-    num_computed_before: dict[str, int] = field(default_factory=dict)
     # Requests for which this step samples a token (their prompt is fully scheduled by this step).
     sampling_req_ids: set[str] = field(default_factory=set)
 
@@ -95,8 +93,6 @@ class ModelRunnerOutput:
     logprobs: list[list[TokenLogprobs]] | None = None
     # req_id -> per-prompt-token logprobs (first entry None: nothing predicts the first token).
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
-    # Requests the runner could not serve (an error isolated to them, not a crash).
-    failed: dict[str, str] = field(default_factory=dict)
 
     def index_of(self) -> dict[str, int]:
         return {rid: i for i, rid in enumerate(self.req_ids)}

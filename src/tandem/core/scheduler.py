@@ -220,7 +220,6 @@ class Scheduler:
             to_end = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
             samples = n - n_drafts >= to_end
             out.req_epochs[rid] = req.epoch
-            out.num_computed_before[rid] = req.num_computed_tokens
             if samples:
                 out.sampling_req_ids.add(rid)
             step = InFlightStep(out.step_id, n, n_drafts, samples)
@@ -296,13 +295,6 @@ class Scheduler:
             step = req.inflight.popleft()
             if step.step_id != so.step_id:
                 raise InvariantError(f"{rid}: output of step {so.step_id}, expected {step.step_id}")
-            if rid in out.failed:
-                self.running.remove(req)
-                self._free_request(req, RequestStatus.FINISHED_ERROR)
-                results.append(
-                    EngineCoreOutput(rid, [], finish_reason="error", error=out.failed[rid])
-                )
-                continue
             sampled = out.sampled_token_ids[index[rid]] if rid in index else []
             result = self._commit(req, step, sampled, out, index.get(rid))
             if result is None:
