@@ -27,13 +27,14 @@ from tandem.engine.requests import MadeRequest, RequestFactory
 from tandem.executor.base import ExecutorError
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
+from tandem.engine.vllm_compat import LLMEngineView, engine_view
 from tandem.trace.tracer import NULL_TRACER, Tracer
 
 _LLM_ARGS = (
     "tokenizer dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
     "enable_prefix_caching num_kv_blocks kv_cache_memory async_scheduling executor_backend "
     "speculative_config worker_threads debug_invariants trace_file tensor_parallel_size "
-    "deferred_reconciliation ray_address quantization quant_activations"
+    "deferred_reconciliation ray_address quantization quant_activations distributed_executor_backend"
 ).split()
 
 
@@ -46,6 +47,12 @@ def config_from_kwargs(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
     unknown = sorted(set(kw) - set(_LLM_ARGS))
     if unknown:
         raise ValueError(f"unknown engine argument(s) {unknown}")
+    backend, vllm_backend = kw.get("executor_backend"), kw.get("distributed_executor_backend")
+    if backend is not None and vllm_backend is not None and backend != vllm_backend:
+        raise ValueError(
+            f"executor_backend={backend!r} and distributed_executor_backend={vllm_backend!r} disagree: "
+            "they are one setting (vLLM's name and tandem's); pass one"
+        )
     debug = kw.get("debug_invariants")
     if debug is None:
         debug = overrides.debug_invariants()
@@ -76,7 +83,7 @@ def config_from_kwargs(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
             deferred_reconciliation=bool(kw.get("deferred_reconciliation", False)),
         ),
         parallel=ParallelConfig(
-            executor_backend=kw.get("executor_backend") or "uni",
+            executor_backend=backend or vllm_backend or "uni",
             tensor_parallel_size=kw.get("tensor_parallel_size") or 1,
             worker_threads=kw.get("worker_threads"),
             ray_address=kw.get("ray_address"),
@@ -103,6 +110,14 @@ class LLM:
     @property
     def engine(self) -> Engine:
         return self._engine
+
+    @property
+    def llm_engine(self) -> LLMEngineView:
+        """vLLM's read-back: ``llm.llm_engine.vllm_config.scheduler_config.async_scheduling`` (resolved)."""
+        view = self.__dict__.get("_llm_engine")
+        if view is None:
+            view = self.__dict__["_llm_engine"] = engine_view(self._engine.plan)
+        return view
 
     @property
     def engine_plan(self) -> EnginePlan:
