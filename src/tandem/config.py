@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.quantization import ACTIVATION_CHOICES, QUANTIZATION_CHOICES
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DRAFT_DTYPES = (*_DTYPES, "int8")
@@ -42,14 +44,13 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model must be a non-empty string")
-        if self.quantization not in (None, "auto", "gguf", "int8", "none"):
+        if self.quantization not in QUANTIZATION_CHOICES:
             raise ValueError(
-                f"quantization must be one of ('auto', 'gguf', 'int8', 'none') or None, got {self.quantization!r}"
+                f"quantization must be one of {QUANTIZATION_CHOICES[1:]} or None, got {self.quantization!r}"
             )
-        if self.quant_activations not in (None, "auto", "float32", "int8", "int8x2"):
+        if self.quant_activations not in ACTIVATION_CHOICES:
             raise ValueError(
-                "quant_activations must be one of ('auto', 'float32', 'int8', 'int8x2') or None, "
-                f"got {self.quant_activations!r}"
+                f"quant_activations must be one of {ACTIVATION_CHOICES[1:]} or None, got {self.quant_activations!r}"
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")

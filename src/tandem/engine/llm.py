@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from functools import cached_property
 from typing import Any
 
 from tandem import overrides
@@ -25,9 +26,9 @@ from tandem.engine.output_processor import FrontRequest, OutputProcessor
 from tandem.engine.prompts import Prompt, PromptInput, normalize_prompts
 from tandem.engine.requests import MadeRequest, RequestFactory
 from tandem.executor.base import ExecutorError
+from tandem.engine.vllm_compat import LLMEngineView, engine_view
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
-from tandem.engine.vllm_compat import LLMEngineView, engine_view
 from tandem.trace.tracer import NULL_TRACER, Tracer
 
 _LLM_ARGS = (
@@ -111,13 +112,10 @@ class LLM:
     def engine(self) -> Engine:
         return self._engine
 
-    @property
+    @cached_property
     def llm_engine(self) -> LLMEngineView:
         """vLLM's read-back: ``llm.llm_engine.vllm_config.scheduler_config.async_scheduling`` (resolved)."""
-        view = self.__dict__.get("_llm_engine")
-        if view is None:
-            view = self.__dict__["_llm_engine"] = engine_view(self._engine.plan)
-        return view
+        return engine_view(self._engine.plan)
 
     @property
     def engine_plan(self) -> EnginePlan:

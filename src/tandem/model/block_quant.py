@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 from functools import cached_property
 
 import numpy as np
@@ -29,6 +28,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from tandem.model import block_repack
+from tandem.model.quant import Int8Weight
 
 QType = GGMLQuantizationType
 # Types the native kernels compute on (native/quant.h); any other GGUF type is dequantized at load.
@@ -260,11 +260,11 @@ class BlockQuantWeight:
         return f"BlockQuantWeight({self.name!r}, {tuple(self.shape)}, {'+'.join(self.types)})"
 
 
-def weight_nbytes(w: torch.Tensor | BlockQuantWeight | Any) -> int:
+def weight_nbytes(w: torch.Tensor | BlockQuantWeight | Int8Weight) -> int:
     """Resident bytes of a plain tensor, a block-quantized matrix or an int8 one (its q and scales)."""
     if isinstance(w, BlockQuantWeight):
         return w.nbytes
-    if hasattr(w, "scale") and hasattr(w, "q"):  # model/quant.Int8Weight
+    if isinstance(w, Int8Weight):
         return w.q.numel() + w.scale.numel() * 4
     return w.numel() * w.element_size()
 

@@ -213,7 +213,6 @@ static void r16_group(int64_t base, const uint8_t *g, int64_t nb, const float *x
             fn(g, nb, lo, xq + r0 * in, xs + r0 * nb, in, n, y + r0 * ldy + lo, ldy);
         }
 }
-#define R16_ISA_SIMD 1
 #else
 /* The portable path: the same arithmetic lane by lane (four chains per block, combined (0 + 1) + (2 + 3)). */
 static void r16_group(int64_t base, const uint8_t *g, int64_t nb, const float *xq, const float *xs, int64_t in,
@@ -249,7 +248,6 @@ static void r16_group(int64_t base, const uint8_t *g, int64_t nb, const float *x
         }
     }
 }
-#define R16_ISA_SIMD 0
 #endif
 
 /* One interleaved part of q_gemv: y[r * ldy + o] for its prow outputs. Returns 0 or -2 (scratch memory). */

@@ -81,21 +81,6 @@ static void i8_prepare(int64_t base, const float *x, int64_t rows, int64_t in, i
         }
 }
 
-/* The weight integers of lane o, in the order of the prepared dwords: byte k multiplies q[.][k]. */
-static inline int i8_weight(int64_t base, const uint8_t *q, int o, int k) {
-    const int dw = k / 4, t = k % 4;
-    if (base == GT_Q8_0) return (int)(int8_t)q[64 * dw + 4 * o + t] + 128;
-    uint32_t v;
-    memcpy(&v, q + 64 * (dw / 2) + 4 * o, 4);
-    return (int)((v >> (8 * t + 4 * (dw % 2))) & 15u);
-}
-
-/* The float part of a block for one lane/row: shared by both paths, so they round alike. */
-static inline float i8_block_value(const I8Block *xb, int32_t s1, int32_t s2, int levels) {
-    const float f = (float)(s1 - xb->corr[0]) * xb->dx;
-    return levels > 1 ? fmaf((float)(s2 - xb->corr[1]), xb->dr, f) : f;
-}
-
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define I8_ROWS 4
 static inline __m512i i8_bcast(const int8_t *p) {
@@ -105,12 +90,11 @@ static inline __m512i i8_bcast(const int8_t *p) {
 }
 
 /* A block's 16 outputs of one row into acc, from its exact integer sums t1, t2 (one per level): the corrections
- * (``correct``: the sums include the weights' offsets), the activation scales, the weight scales d, Q4_1's
- * offsets m. */
+ * for the weights' offsets (Q4_1's are 0), the activation scales, the weight scales d, Q4_1's offsets m. */
 static inline __attribute__((always_inline)) __m512 i8_finish(int64_t base, __m512i t1, __m512i t2,
                                                               const I8Block *xb, int levels, __m512 d, __m512 m,
-                                                              __m512 acc, int correct) {
-    if (correct) {
+                                                              __m512 acc) {
+    if (base != GT_Q4_1) {
         t1 = _mm512_sub_epi32(t1, _mm512_set1_epi32(xb->corr[0]));
         t2 = _mm512_sub_epi32(t2, _mm512_set1_epi32(xb->corr[1]));
     }
@@ -154,7 +138,7 @@ static inline __attribute__((always_inline)) void i8_lanes(int64_t base, const u
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         const __m512 m = base == GT_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))) : d;
         for (int r = 0; r < R; r++)
-            acc[r] = i8_finish(base, s[r][0], s[r][1], xp + r * nb + b, levels, d, m, acc[r], base != GT_Q4_1);
+            acc[r] = i8_finish(base, s[r][0], s[r][1], xp + r * nb + b, levels, d, m, acc[r]);
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + r * ldy, acc[r]);
 }
@@ -189,6 +173,21 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
 }
 #define I8_VNNI 1
 #else
+/* The weight integers of lane o, in the order of the prepared dwords: byte k multiplies q[.][k]. */
+static inline int i8_weight(int64_t base, const uint8_t *q, int o, int k) {
+    const int dw = k / 4, t = k % 4;
+    if (base == GT_Q8_0) return (int)(int8_t)q[64 * dw + 4 * o + t] + 128;
+    uint32_t v;
+    memcpy(&v, q + 64 * (dw / 2) + 4 * o, 4);
+    return (int)((v >> (8 * t + 4 * (dw % 2))) & 15u);
+}
+
+/* The float part of a block for one lane and row: i8_finish's operations, in its order. */
+static inline float i8_block_value(const I8Block *xb, int32_t s1, int32_t s2, int levels) {
+    const float f = (float)(s1 - xb->corr[0]) * xb->dx;
+    return levels > 1 ? fmaf((float)(s2 - xb->corr[1]), xb->dr, f) : f;
+}
+
 /* The portable path: the same integers and the same float operations per block, lane by lane. */
 static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *xp, int64_t rows, int levels,
                      float *y, int64_t ldy) {
