@@ -7,6 +7,9 @@
 | "int8"           | "int8" (``explicit``) on one CPU rank in float32, any checkpoint | ``ValueError`` (device, dtype, TP)      |
 | "none"           | "none" (``explicit``)                          | "none" (``explicit``)                                     |
 
+A GGUF file whose layer matrices include a type without a kernel (a Q4_K_M mix: Q4_K, Q5_0, Q6_K) is one of the
+"otherwise" cases, with the reason ``block_types``.
+
 ``"gguf"`` keeps every matrix stored in a block type with a native kernel in its blocks
 (model/block_quant.py). ``"int8"`` is weight-only int8 for any checkpoint (safetensors or GGUF): each layer
 matrix rounded at load to int8 with one float32 scale per output feature (model/quant.py, the draft heads'
@@ -81,10 +84,11 @@ def resolve_activations(decision: QuantizationDecision, requested: str | None, v
 
 
 def resolve_quantization(
-    requested: str | None, *, quantized_gguf: bool, dtype: str, device: str, tensor_parallel_size: int
+    requested: str | None, *, quantized_gguf: bool, dtype: str, device: str, tensor_parallel_size: int,
+    unkernelled: tuple[str, ...] | list[str] = (),
 ) -> QuantizationDecision:
     """``quantized_gguf``: the model is a GGUF file with block-quantized matrices; ``dtype``: the resolved
-    compute dtype name."""
+    compute dtype name; ``unkernelled``: block types of its layer matrices without a native kernel."""
     if requested not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization must be one of {QUANTIZATION_CHOICES[1:]} or None, got {requested!r}")
     if requested == "none":
@@ -100,6 +104,8 @@ def resolve_quantization(
         return QuantizationDecision(requested, "int8", "explicit")
     blockers = [
         (not quantized_gguf, "not_quantized_gguf", "the model is not a GGUF file with quantized matrices"),
+        (bool(unkernelled), "block_types",
+         f"no native kernel computes on its {', '.join(unkernelled)} layer matrices (Q4_0 / Q4_1 / Q8_0 only)"),
         (not device.startswith("cpu"), "device", f"block-quantized kernels run on the CPU, not {device!r}"),
         (dtype != "float32", "dtype", f"block-quantized kernels take float32 activations, not dtype {dtype!r}"),
         (tensor_parallel_size > 1, "tensor_parallel", "block-quantized weights run on one rank"),

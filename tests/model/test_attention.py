@@ -49,9 +49,14 @@ BACKENDS: dict[str, Callable[[torch.dtype], AttentionBackend]] = {
 
 
 def reference(
-    queries: list[torch.Tensor], keys: list[torch.Tensor], values: list[torch.Tensor], scale: float
+    queries: list[torch.Tensor],
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    scale: float,
+    window: int = 0,
 ) -> list[torch.Tensor]:
-    """Dense causal attention per request in float64; query j of a request sits at seq_len - q + j."""
+    """Dense causal attention per request in float64; query j of a request sits at seq_len - q + j and,
+    with a ``window``, sees only the last ``window`` positions up to itself."""
     outs = []
     for q, k, v in zip(queries, keys, values):
         q_len, heads, _ = q.shape
@@ -59,10 +64,11 @@ def reference(
         out = torch.empty(q.shape, dtype=torch.float64)
         for j in range(q_len):
             visible = seq_len - q_len + j + 1
+            first = max(0, visible - window) if window else 0
             for h in range(heads):
                 kh = h // (heads // kv_heads)
-                scores = (k[:visible, kh].double() @ q[j, h].double()) * scale
-                out[j, h] = torch.softmax(scores, 0) @ v[:visible, kh].double()
+                scores = (k[first:visible, kh].double() @ q[j, h].double()) * scale
+                out[j, h] = torch.softmax(scores, 0) @ v[first:visible, kh].double()
         outs.append(out)
     return outs
 
@@ -76,6 +82,7 @@ def run_case(
     dtype: torch.dtype,
     seed: int = 0,
     head_dim: int = 16,
+    window: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``backend`` on one random batch; returns (its output, the dense reference)."""
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
@@ -106,9 +113,9 @@ def run_case(
         full_k[i] = torch.cat([full_k[i], k[rows]])
         full_v[i] = torch.cat([full_v[i], v[rows]])
     scale = head_dim**-0.5
-    metadata = backend.build_metadata(batch, block_size)
+    metadata = backend.build_metadata(batch, block_size, window)
     out = backend.forward(q, k, v, k_cache, v_cache, metadata, scale)
-    want = torch.cat(reference(queries, full_k, full_v, scale))
+    want = torch.cat(reference(queries, full_k, full_v, scale, window))
     written_k = k_cache.view(-1, kv_heads, head_dim)[batch.slot_mapping]
     written_v = v_cache.view(-1, kv_heads, head_dim)[batch.slot_mapping]
     assert torch.equal(written_k, k) and torch.equal(written_v, v), (
@@ -139,6 +146,18 @@ def test_backend_matches_dense_reference(
     assert out.shape == want.shape
     diff = (out.double() - want).abs().max().item()
     assert diff < 1e-5, f"{backend_name} on {layout}: max abs diff {diff}"
+
+
+@pytest.mark.parametrize("window", [1, 3, 6])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("backend_name", sorted(BACKENDS))
+def test_backend_sliding_window_matches_dense_reference(backend_name: str, layout: str, window: int) -> None:
+    """A sliding window (Gemma 3's local layers): keys before each query's last ``window`` positions are
+    hidden, in fresh prefills (shorter and longer than the window), chunks, verifies and decodes."""
+    backend = BACKENDS[backend_name](torch.float32)
+    out, want = run_case(backend, LAYOUTS[layout], 4, 1, 4, torch.float32, window=window)
+    diff = (out.double() - want).abs().max().item()
+    assert diff < 1e-5, f"{backend_name} on {layout}, window {window}: max abs diff {diff}"
 
 
 @pytest.mark.parametrize("backend_name", sorted(BACKENDS))

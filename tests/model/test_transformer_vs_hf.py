@@ -41,6 +41,7 @@ def _config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
         "llama": transformers.LlamaConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
+        "gemma3": transformers.Gemma3TextConfig,
     }[family]
     return cls(**common)
 
@@ -61,6 +62,15 @@ CONFIGS = {
     ),
     "qwen2-bias": lambda: _config("qwen2", tie_word_embeddings=True, rope_theta=1e6),
     "qwen3-qknorm": lambda: _config("qwen3", tie_word_embeddings=False, head_dim=32),
+    # Gemma 3: sandwich norms, GELU, scaled embeddings, q/k norms, a query_pre_attn_scalar that is not
+    # head_dim, and sliding-window layers (window 8, own RoPE base) beside a global one: the scenario's
+    # prefills, chunks, verifies and decodes all reach past the window.
+    "gemma3-window": lambda: _config(
+        "gemma3", tie_word_embeddings=True, head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+    ),
 }
 
 
@@ -214,10 +224,18 @@ def test_cuda_matches_transformers(name: str, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_bf16_is_close_to_transformers_fp32(name: str) -> None:
+    """Within 5 % of the logit scale, or within transformers' own bf16 error where that is larger (Gemma 3's
+    norms after each block amplify bf16 rounding: 7 % in transformers on the tiny random model)."""
     run = run_scenario(name, torch.bfloat16, 4)
     scale = max(ref[0].abs().max().item() for ref in run["refs"].values())
-    worst = _compare(run, atol=0.05 * scale, check_hidden=False)
-    assert worst < 0.05 * scale
+    hf_bf16 = build_hf(name).to(torch.bfloat16)
+    own = max(
+        (hf_reference(hf_bf16, r.tokens)[0] - run["refs"][n][0]).abs().max().item()
+        for n, r in Scenario(LENGTHS, 4).reqs.items()
+    )
+    bound = max(0.05 * scale, own)
+    worst = _compare(run, atol=bound, check_hidden=False)
+    assert worst < bound
 
 
 @pytest.mark.parametrize("linear_kernels", sorted(LINEAR_KERNELS))

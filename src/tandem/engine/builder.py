@@ -160,7 +160,7 @@ def int8_weight_bytes(args: ModelArgs) -> int:
 def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | None, dict[str, object] | None]:
     """The quantization decision, the resident weight bytes and the block-quantized kernel plan, from the
     model file's tensor index alone (no weights read)."""
-    from tandem.model.loader.gguf import gguf_weight_plan, is_quantized_file
+    from tandem.model.loader.gguf import gguf_weight_plan, is_quantized_file, unkernelled_types
     from tandem.model.loader.gguf_file import GGUFFile
     from tandem.model.loader.registry import resolve_model
 
@@ -170,6 +170,7 @@ def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | Non
     decision = resolve_quantization(
         m.quantization, quantized_gguf=gf is not None and is_quantized_file(gf), dtype=m.resolved_dtype(),
         device=m.device, tensor_parallel_size=config.parallel.tensor_parallel_size,
+        unkernelled=unkernelled_types(gf) if gf is not None else (),
     )
     vnni = False
     if decision.keep_quantized:

@@ -1,7 +1,10 @@
-"""The decoder layer shared by Llama, Qwen2 and Qwen3: RMSNorm, attention over the paged cache, SwiGLU.
+"""The decoder layer shared by Llama, Qwen2, Qwen3 and Gemma 3: RMSNorm, attention over the paged cache, a
+gated MLP.
 
 Family differences are data, not code paths: Qwen2's q/k/v bias is an optional bias on the fused ``qkv``
-matmul, Qwen3's per-head q/k RMSNorm an optional weight. Weights are parameters (``state_dict`` and
+matmul, Qwen3's per-head q/k RMSNorm an optional weight; Gemma 3's norms after attention and after the MLP
+are optional gains, its GELU (tanh) the ``hidden_act``, and its sliding-window layers take the forward's
+local attention metadata and local RoPE rotations (:class:`LayerContext`). Weights are parameters (``state_dict`` and
 sharing work as usual; the dtype is fixed when the model is built) but the forward calls functional ops
 and keeps the kernel count low: at decode, every small kernel between two weight-streaming matmuls
 costs far more than its arithmetic.
@@ -46,6 +49,10 @@ class LayerContext:
     rotations: torch.Tensor  # [T, 1, head_dim // 2] complex, RoPE rotation of each token's position
     attn_metadata: Any  # the backend's per-forward metadata
     eps_root: torch.Tensor  # scalar sqrt(hidden * rms_norm_eps) in the model dtype, see unit_rms
+    # Sliding-window layers (ModelArgs.layer_windows): their rotations (their own RoPE base) and their
+    # metadata (the window's mask); the global ones where the model has none.
+    local_rotations: torch.Tensor | None = None
+    local_metadata: Any = None
 
 
 def _param(t: torch.Tensor | None) -> nn.Parameter | None:
@@ -67,6 +74,7 @@ class DecoderLayer(nn.Module):
         linear: LinearKernels,
         shard: ShardPlan | None = None,
         comm: Communicator = SINGLE_RANK,
+        index: int = 0,
     ) -> None:
         super().__init__()
         # Under tensor parallelism this rank's heads and intermediate slice (model/parallel.py).
@@ -75,7 +83,9 @@ class DecoderLayer(nn.Module):
         self.intermediate = shard.ffn_size
         self.comm = comm
         self.eps = args.rms_norm_eps
-        self.scale = args.head_dim**-0.5
+        self.scale = args.attention_scale
+        self.sliding = args.window(index) > 0
+        self.gelu = args.hidden_act == "gelu_tanh"
         self.backend = backend
         self.linear = linear
         self.qkv = frozen_weight(weights.qkv)
@@ -85,6 +95,8 @@ class DecoderLayer(nn.Module):
         self.o_bias = _param(weights.o_bias)
         self.gate_up = frozen_weight(weights.gate_up)
         self.down = frozen_weight(weights.down)
+        self.post_attn_norm = _param(weights.post_attn_norm)
+        self.post_ffn_norm = _param(weights.post_ffn_norm)
 
     def forward(
         self,
@@ -98,10 +110,26 @@ class DecoderLayer(nn.Module):
         # Each residual add is fused into the projection that feeds it; o_proj and down are
         # row-parallel (one all-reduce each under tensor parallelism, none for one rank).
         mm = self.linear
-        x = row_parallel_add(mm, x, attn, self.o_proj, self.o_bias, self.comm)
+        x = self._residual_add(x, attn, self.o_proj, self.o_bias, self.post_attn_norm, ctx)
         gate_up = mm.linear(unit_rms(x, ctx.eps_root), self.gate_up)
         gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]
-        return row_parallel_add(mm, x, F.silu(gate).mul_(up), self.down, None, self.comm)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self._residual_add(x, act.mul_(up), self.down, None, self.post_ffn_norm, ctx)
+
+    def _residual_add(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        weight: Any,
+        bias: torch.Tensor | None,
+        post_norm: torch.Tensor | None,
+        ctx: LayerContext,
+    ) -> torch.Tensor:
+        """``x + h @ W^T (+ bias)``; with a post-norm gain (Gemma 3) ``x + rms_norm(h @ W^T) * gain``."""
+        if post_norm is None:
+            return row_parallel_add(self.linear, x, h, weight, bias, self.comm)
+        y = self.comm.all_reduce(self.linear.linear(h, weight, bias if self.comm.rank == 0 else None))
+        return torch.addcmul(x, unit_rms(y, ctx.eps_root), post_norm)
 
     def _attention(
         self, h: torch.Tensor, ctx: LayerContext, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -113,9 +141,9 @@ class DecoderLayer(nn.Module):
         qk = qkv[:, : (heads + kv_heads) * hd].view(t, heads + kv_heads, hd)
         if self.qk_norm is not None:
             qk = F.rms_norm(qk, (hd,), None, self.eps) * self.qk_norm
-        qk = apply_rope(qk, ctx.rotations)
+        local = self.sliding and ctx.local_rotations is not None
+        qk = apply_rope(qk, ctx.local_rotations if local else ctx.rotations)
         v = qkv[:, (heads + kv_heads) * hd :].view(t, kv_heads, hd)
-        out = self.backend.forward(
-            qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, ctx.attn_metadata, self.scale
-        )
+        meta = ctx.local_metadata if self.sliding and ctx.local_metadata is not None else ctx.attn_metadata
+        out = self.backend.forward(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, meta, self.scale)
         return out.reshape(t, heads * hd)

@@ -1,7 +1,12 @@
 """Architecture hyper-parameters, read from a Hugging Face ``config.json`` or from GGUF metadata.
 
-One dataclass for every supported family; the per-family differences are flags (``attention_bias`` for
-Qwen2's QKV bias, ``qk_norm`` for Qwen3's per-head q/k RMSNorm), so one transformer implementation serves all.
+One dataclass for every supported family; the per-family differences are data (``attention_bias`` for
+Qwen2's QKV bias, ``qk_norm`` for Qwen3's and Gemma 3's per-head q/k RMSNorm, and Gemma 3's: ``sandwich_norms``
+(a norm after attention and after the MLP, before each residual add), ``norm_offset`` (RMSNorm gains stored
+zero-centred: the gain is ``1 + w``), ``embed_scale`` (embeddings times ``sqrt(hidden)``), ``hidden_act``
+``gelu_tanh``, ``query_pre_attn_scalar`` (attention scale ``scalar ** -0.5``), and ``layer_windows``:
+sliding-window layers that attend to their last ``window`` positions with their own RoPE base
+``rope_local_theta``), so one transformer implementation serves all.
 Weights always use Hugging Face tensor names (``model.layers.{i}.self_attn.q_proj.weight`` ...), whatever
 file format they came from.
 """
@@ -16,12 +21,21 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
 }
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3")
+HIDDEN_ACTS = ("silu", "gelu_tanh")
+
+
+def gemma3_layer_windows(num_layers: int, window: int, pattern: int = 6) -> tuple[int, ...]:
+    """Gemma 3's layout: every ``pattern``-th layer attends globally (0), the others to ``window``
+    positions (transformers' default ``layer_types``)."""
+    return tuple(0 if (i + 1) % pattern == 0 else window for i in range(num_layers))
 
 
 @dataclass(frozen=True)
 class ModelArgs:
-    family: str  # "llama" | "qwen2" | "qwen3"
+    family: str  # one of FAMILIES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -36,13 +50,32 @@ class ModelArgs:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
-    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3, Gemma 3)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Gemma 3 (see the module docstring); the defaults are Llama's.
+    sandwich_norms: bool = False
+    norm_offset: float = 0.0
+    embed_scale: bool = False
+    hidden_act: str = "silu"
+    query_pre_attn_scalar: float | None = None  # None: the scale is head_dim ** -0.5
+    # Per layer: 0 attends to every earlier position, w > 0 to the last w positions (itself included).
+    # Empty: every layer global.
+    layer_windows: tuple[int, ...] = ()
+    rope_local_theta: float | None = None  # the sliding-window layers' RoPE base; None: rope_theta
 
     def __post_init__(self) -> None:
-        if self.family not in ("llama", "qwen2", "qwen3"):
-            raise ValueError(f"unsupported model family {self.family!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"unsupported model family {self.family!r}; supported: {FAMILIES}")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"hidden_act must be one of {HIDDEN_ACTS}, got {self.hidden_act!r}")
+        if self.layer_windows and (
+            len(self.layer_windows) != self.num_hidden_layers or min(self.layer_windows) < 0
+        ):
+            raise ValueError(
+                f"layer_windows must give a window >= 0 for each of the {self.num_hidden_layers} layers, "
+                f"got {self.layer_windows!r}"
+            )
         for name in (
             "vocab_size",
             "hidden_size",
@@ -61,6 +94,19 @@ class ModelArgs:
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
 
+    def window(self, layer: int) -> int:
+        """The sliding window of ``layer``; 0 = global attention."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def sliding(self) -> bool:
+        """Whether any layer attends through a sliding window."""
+        return any(self.layer_windows)
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], source: str = "config.json") -> ModelArgs:
         archs = config.get("architectures") or []
@@ -71,9 +117,8 @@ class ModelArgs:
                 break
         if family is None:
             model_type = config.get("model_type")
-            family = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}.get(
-                str(model_type)
-            )
+            family = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                      "gemma3_text": "gemma3"}.get(str(model_type))
         if family is None:
             raise ValueError(
                 f"{source}: unsupported architectures={archs!r} "
@@ -97,6 +142,9 @@ class ModelArgs:
         if rope_scaling is None and rope.get("rope_type", "default") != "default":
             rope_scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        gemma: dict[str, Any] = {}
+        if family == "gemma3":
+            rope_theta, rope_scaling, gemma = _gemma3_fields(config, int(need("num_hidden_layers")), source)
         return cls(
             family=family,
             vocab_size=int(need("vocab_size")),
@@ -112,7 +160,40 @@ class ModelArgs:
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=bool(config.get("attention_bias", family == "qwen2")),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "gemma3"),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=tuple(int(e) for e in eos_ids),
+            **gemma,
         )
+
+
+def _gemma3_fields(config: dict[str, Any], layers: int, source: str) -> tuple[float, Any, dict[str, Any]]:
+    """(global rope_theta, its rope_scaling, Gemma 3's own ModelArgs fields) from a ``gemma3_text`` config:
+    transformers >= 5 nests RoPE per layer type in ``rope_parameters``, older configs use ``rope_theta`` /
+    ``rope_local_base_freq`` / ``rope_scaling``."""
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if config.get(key) is not None:
+            raise ValueError(f"{source}: {key} = {config[key]!r} is not supported (Gemma 2's soft-capping)")
+    if config.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise ValueError(f"{source}: hidden_activation {config['hidden_activation']!r} is not supported")
+    params = config.get("rope_parameters") or {}
+    full = params.get("full_attention") or {}
+    local = params.get("sliding_attention") or {}
+    theta = float(full.get("rope_theta", config.get("rope_theta", 1_000_000.0)))
+    local_theta = float(local.get("rope_theta", config.get("rope_local_base_freq", 10_000.0)))
+    scaling = config.get("rope_scaling")
+    if scaling is None and full.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in full.items() if k != "rope_theta"}
+    window = int(config.get("sliding_window") or 0)
+    types = config.get("layer_types")
+    if types is None:
+        windows = gemma3_layer_windows(layers, window, int(config.get("sliding_window_pattern", 6)))
+    else:
+        if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+            raise ValueError(f"{source}: layer_types {types!r} does not name one attention type per layer")
+        windows = tuple(window if t == "sliding_attention" else 0 for t in types)
+    return theta, scaling, {
+        "sandwich_norms": True, "norm_offset": 1.0, "embed_scale": True, "hidden_act": "gelu_tanh",
+        "query_pre_attn_scalar": float(config.get("query_pre_attn_scalar", 256)),
+        "layer_windows": windows, "rope_local_theta": local_theta,
+    }  # fmt: skip

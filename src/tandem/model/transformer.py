@@ -9,7 +9,7 @@ passed down explicitly; the module itself holds only weights.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -44,7 +44,7 @@ class ModelOutput:
 
 
 class CausalLM(nn.Module):
-    """Llama / Qwen2 / Qwen3 decoder-only model. Build with :meth:`from_tensors`.
+    """Llama / Qwen2 / Qwen3 / Gemma 3 decoder-only model. Build with :meth:`from_tensors`.
 
     Under tensor parallelism (``comm`` of more than one rank) the instance is one rank's shard:
     ``weights`` hold the rank's slices (``self.shard``), ``forward`` and ``compute_logits`` are
@@ -76,13 +76,22 @@ class CausalLM(nn.Module):
             else frozen_weight(weights.lm_head)
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(args, lw, backend, linear, self.shard, comm) for lw in weights.layers
+            DecoderLayer(args, lw, backend, linear, self.shard, comm, i) for i, lw in enumerate(weights.layers)
         )
         self.norm = nn.Parameter(weights.norm, requires_grad=False)
         inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
         table = rotation_table(inv_freq, args.max_position_embeddings).to(weights.norm.device)
         self.rope_table: torch.Tensor
         self.register_buffer("rope_table", table, persistent=False)
+        # Sliding-window layers rotate with their own base (Gemma 3: 10,000 where global layers use 1e6).
+        self.local_rope_table: torch.Tensor | None = None
+        if args.sliding:
+            local_freq = rope_inv_freq(args.head_dim, args.rope_local_theta or args.rope_theta, None)
+            self.local_rope_table = rotation_table(local_freq, args.max_position_embeddings).to(table.device)
+        # Gemma 3 scales the embeddings by sqrt(hidden), rounded to the model dtype (as the reference).
+        self.embed_multiplier = (
+            torch.tensor(args.hidden_size**0.5, dtype=weights.norm.dtype) if args.embed_scale else None
+        )
         eps_root = (args.hidden_size * args.rms_norm_eps) ** 0.5  # see unit_rms
         self.eps_root: torch.Tensor
         self.register_buffer(
@@ -158,11 +167,13 @@ class CausalLM(nn.Module):
         ws: list[torch.Tensor | BlockQuantWeight] = [self.embed_tokens, self.lm_head, self.norm]
         for layer in self.layers:
             ws += [layer.qkv, layer.o_proj, layer.gate_up, layer.down]
-            ws += [t for t in (layer.qkv_bias, layer.qk_norm, layer.o_bias) if t is not None]
+            extras = (layer.qkv_bias, layer.qk_norm, layer.o_bias, layer.post_attn_norm, layer.post_ffn_norm)
+            ws += [t for t in extras if t is not None]
         return total_nbytes(ws)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_embedding(ids, self.embed_tokens, self.shard, self.comm)
+        x = vocab_parallel_embedding(ids, self.embed_tokens, self.shard, self.comm)
+        return x if self.embed_multiplier is None else x * self.embed_multiplier.to(x.device)
 
     @torch.inference_mode()
     def forward(
@@ -184,6 +195,15 @@ class CausalLM(nn.Module):
         ctx = LayerContext(
             self.rope_table[batch.positions].unsqueeze(1), batch.attn_metadata, self.eps_root
         )
+        if self.local_rope_table is not None:
+            windows = {w for w in self._args.layer_windows if w}
+            if len(windows) != 1:
+                raise ValueError(f"one sliding-window size per model is supported, got {sorted(windows)}")
+            ctx = replace(
+                ctx,
+                local_rotations=self.local_rope_table[batch.positions].unsqueeze(1),
+                local_metadata=self.attn_backend.build_metadata(batch, kv_cache.block_size, windows.pop()),
+            )
         x = self.embed(batch.input_ids)
         native = self._native_decode()
         if native is not None and native.applies(batch):

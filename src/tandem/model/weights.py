@@ -5,10 +5,12 @@ Checked here, once: every expected tensor is present with the expected shape, no
 - q, k and v projections are concatenated into one ``qkv`` matrix (one matmul per layer instead of three);
 - gate and up projections into one ``gate_up`` matrix;
 - q/k rows (and their bias and per-head norm weights) are permuted to interleaved RoPE pairs (see rope.py);
-- each RMSNorm gain that feeds a projection (input and post-attention norms) is multiplied, with
+- each RMSNorm gain that feeds a projection (the input and the pre-MLP norms) is multiplied, with
   ``sqrt(hidden)``, into that projection's input columns (``W @ (g * x) == (W * g) @ x``): the layer
   then only computes ``x / sqrt(sum(x^2) + hidden * eps)`` (:func:`tandem.model.layers.unit_rms`). The
-  final norm keeps its own gain (times ``sqrt(hidden)``), so ``hidden_states`` are the checkpoint's.
+  final norm keeps its own gain (times ``sqrt(hidden)``), so ``hidden_states`` are the checkpoint's, and so
+  do Gemma 3's norms after attention and after the MLP (``sandwich_norms``: they normalize a product's
+  output, nothing to fold into). A gain stored zero-centred (``norm_offset``, Gemma 3) is ``offset + w``.
 
 Block-quantized matrices (:class:`~tandem.model.block_quant.BlockQuantWeight`, ``quantization="gguf"``) take
 the same transforms without leaving their blocks: row permutations and concatenations move whole rows,
@@ -25,6 +27,7 @@ import torch
 
 from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.quant import Int8Weight
+from tandem.model.loader.tensor_spec import expected_tensors
 from tandem.model.model_args import ModelArgs
 from tandem.model.parallel import ShardPlan
 from tandem.model.rope import interleave_heads
@@ -44,8 +47,11 @@ class LayerWeights:
     qk_norm: torch.Tensor | None
     o_proj: Matrix  # [hidden, heads * head_dim]
     o_bias: torch.Tensor | None
-    gate_up: Matrix  # [2 * intermediate, hidden], post-attention-norm gain folded in
+    gate_up: Matrix  # [2 * intermediate, hidden], the pre-MLP norm's gain folded in
     down: Matrix  # [hidden, intermediate]
+    # sandwich_norms (Gemma 3): [hidden] gains times sqrt(hidden) of the norms after attention / the MLP.
+    post_attn_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -57,38 +63,8 @@ class ModelWeights:
 
 
 def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    """Every tensor name the model reads, with its shape. Optional biases are listed separately."""
-    h, hd, inter = args.hidden_size, args.head_dim, args.intermediate_size
-    q_out, kv_out = args.num_attention_heads * hd, args.num_key_value_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (args.vocab_size, h),
-        "model.norm.weight": (h,),
-    }
-    if not args.tie_word_embeddings:
-        shapes["lm_head.weight"] = (args.vocab_size, h)
-    for i in range(args.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (h,),
-                p + "self_attn.q_proj.weight": (q_out, h),
-                p + "self_attn.k_proj.weight": (kv_out, h),
-                p + "self_attn.v_proj.weight": (kv_out, h),
-                p + "self_attn.o_proj.weight": (h, q_out),
-                p + "post_attention_layernorm.weight": (h,),
-                p + "mlp.gate_proj.weight": (inter, h),
-                p + "mlp.up_proj.weight": (inter, h),
-                p + "mlp.down_proj.weight": (h, inter),
-            }
-        )
-        if args.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (q_out,)
-            shapes[p + "self_attn.k_proj.bias"] = (kv_out,)
-            shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
-        if args.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (hd,)
-            shapes[p + "self_attn.k_norm.weight"] = (hd,)
-    return shapes
+    """Every tensor name the model reads, with its shape (loader/tensor_spec.py, the one list)."""
+    return expected_tensors(args)
 
 
 def _optional_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
@@ -143,12 +119,27 @@ def _attention_vectors(
         kb = interleave_heads(get(a + "k_proj.bias"), kv_heads, hd)[kvs]
         qkv_bias = out(torch.cat([qb, kb, get(a + "v_proj.bias")[kvs]]))
     if args.qk_norm:
-        qn = interleave_heads(get(a + "q_norm.weight"), 1, hd)
-        kn = interleave_heads(get(a + "k_norm.weight"), 1, hd)
+        qn = interleave_heads(get(a + "q_norm.weight") + args.norm_offset, 1, hd)
+        kn = interleave_heads(get(a + "k_norm.weight") + args.norm_offset, 1, hd)
         qk_norm = out(torch.cat([qn.expand(s.num_heads, hd), kn.expand(s.num_kv_heads, hd)]))
     if a + "o_proj.bias" in tensors:
         o_bias = out(get(a + "o_proj.bias"))
     return qkv_bias, qk_norm, o_bias
+
+
+def ffn_norm_name(args: ModelArgs) -> str:
+    """The norm in front of the MLP: Llama calls it ``post_attention_layernorm``; with ``sandwich_norms``
+    that name is the norm after attention, and the MLP's is ``pre_feedforward_layernorm``."""
+    return "pre_feedforward_layernorm" if args.sandwich_norms else "post_attention_layernorm"
+
+
+def _sandwich(args: ModelArgs, p: str, gain: Callable[[str], torch.Tensor],
+              out: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The post-attention / post-MLP gains of layer ``p`` (``sandwich_norms``), else nothing."""
+    if not args.sandwich_norms:
+        return {}
+    return {"post_attn_norm": out(gain(p + "post_attention_layernorm.weight")),
+            "post_ffn_norm": out(gain(p + "post_feedforward_layernorm.weight"))}
 
 
 def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: torch.device | str,
@@ -161,7 +152,7 @@ def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: t
         return tensors[name].to(device=device, dtype=torch.float32)  # type: ignore[union-attr]
 
     def gain(name: str) -> torch.Tensor:
-        return vec(name) * args.hidden_size**0.5
+        return (vec(name) + args.norm_offset) * args.hidden_size**0.5
 
     def quant(name: str) -> BlockQuantWeight:
         t = tensors[name]
@@ -201,8 +192,9 @@ def _quantized_weights(args: ModelArgs, tensors: Mapping[str, Matrix], device: t
                 qk_norm=qk_norm,
                 o_proj=fast(quant(a + "o_proj.weight")),
                 o_bias=o_bias,
-                gate_up=fast(gate_up.with_gain(gain(p + "post_attention_layernorm.weight"))),
+                gate_up=fast(gate_up.with_gain(gain(p + ffn_norm_name(args) + ".weight"))),
                 down=fast(quant(p + "mlp.down_proj.weight")),
+                **_sandwich(args, p, gain, out),
             )
         )
     return ModelWeights(
@@ -251,7 +243,7 @@ def prepare_weights(
 
     def gain(name: str) -> torch.Tensor:
         """An RMSNorm gain times sqrt(hidden) (see ``unit_rms``)."""
-        return get(name) * args.hidden_size**0.5
+        return (get(name) + args.norm_offset) * args.hidden_size**0.5
 
     def mat(t: torch.Tensor) -> torch.Tensor | Int8Weight:
         return Int8Weight.quantize(t) if int8_weights else out(t)
@@ -272,8 +264,9 @@ def prepare_weights(
                 qk_norm=qk_norm,
                 o_proj=mat(get(a + "o_proj.weight")[:, qs]),
                 o_bias=o_bias,
-                gate_up=mat(gate_up * gain(p + "post_attention_layernorm.weight")),
+                gate_up=mat(gate_up * gain(p + ffn_norm_name(args) + ".weight")),
                 down=mat(get(p + "mlp.down_proj.weight")[:, fs]),
+                **_sandwich(args, p, gain, out),
             )
         )
     return ModelWeights(

@@ -7,7 +7,10 @@ Each layer call first writes this step's K/V into the cache by ``slot_mapping``,
 
 Shapes: ``q`` ``[T, num_heads, head_dim]``, ``k``/``v`` ``[T, num_kv_heads, head_dim]``, caches
 ``[num_blocks, block_size, num_kv_heads, head_dim]``; the output is ``[T, num_heads, head_dim]``.
-Query j of request i sits at position ``seq_lens[i] - query_len(i) + j`` and sees keys ``0 ..`` that position.
+Query j of request i sits at position ``seq_lens[i] - query_len(i) + j`` and sees keys ``0 ..`` that position;
+with a sliding ``window`` w > 0 only the last w of them: keys ``position - w + 1 .. position`` (Gemma 3's local
+layers; the same bound as transformers' and llama.cpp's). Keys before the window are never read, so the KV
+manager may hand their blocks back (core/kv_cache_manager.py).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ class AttentionBackend(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    def build_metadata(self, batch: ForwardBatch, block_size: int) -> Any:
-        """Everything the layers need for this batch, computed once per forward (no per-layer work)."""
+    def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> Any:
+        """Everything the layers need for this batch, computed once per forward (no per-layer work);
+        ``window`` > 0: for layers that attend to that many last positions."""
 
     @abstractmethod
     def forward(

@@ -19,7 +19,7 @@ class NaiveRequest:
     row_start: int
     row_end: int
     slots: torch.Tensor  # [seq_len] flat cache slots of the request's whole sequence
-    visible: torch.Tensor  # [q_len, seq_len] bool: query j sees key p when p <= its position
+    visible: torch.Tensor  # [q_len, seq_len] bool: query j sees key p when p <= its position (in the window)
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class NaiveBackend(AttentionBackend):
     def __init__(self, dtype: torch.dtype = torch.float32) -> None:
         self.dtype = dtype
 
-    def build_metadata(self, batch: ForwardBatch, block_size: int) -> NaiveMetadata:
+    def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> NaiveMetadata:
         device = batch.block_tables.device
         # The reference backend needs exact lengths on the host: a sync when they live on the device.
         lens = batch.seq_lens if batch.seq_lens_dev is None else batch.seq_lens_dev.tolist()
@@ -44,8 +44,11 @@ class NaiveBackend(AttentionBackend):
             seq_len = lens[i]
             key_pos = torch.arange(seq_len, device=device)
             slots = slots_for_positions(batch.block_tables[i : i + 1], key_pos, block_size).view(-1)
-            query_pos = torch.arange(seq_len - (end - start), seq_len, device=device)
-            requests.append(NaiveRequest(start, end, slots, key_pos <= query_pos.unsqueeze(1)))
+            query_pos = torch.arange(seq_len - (end - start), seq_len, device=device).unsqueeze(1)
+            visible = key_pos <= query_pos
+            if window:
+                visible &= key_pos > query_pos - window
+            requests.append(NaiveRequest(start, end, slots, visible))
         return NaiveMetadata(batch.slot_mapping, tuple(requests))
 
     def forward(

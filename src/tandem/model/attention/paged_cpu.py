@@ -9,7 +9,8 @@ their output rows. Prefill chunks keep SDPA (:class:`SdpaBackend`'s long-query p
 there.
 
 Falls back to :class:`SdpaBackend` entirely when the kernel is unavailable (no compiler,
-``TANDEM_NATIVE=0``), for other dtypes, and for tensors off the CPU.
+``TANDEM_NATIVE=0``), for other dtypes, for tensors off the CPU, and for sliding-window layers (the kernel has
+no window yet).
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ class PagedCpuBackend(SdpaBackend):
             self._resolved = True
         return self._kernel if self._supported else None
 
-    def build_metadata(self, batch: ForwardBatch, block_size: int) -> object:
-        if batch.block_tables.device.type != "cpu" or self.kernel is None:
-            return super().build_metadata(batch, block_size)
+    def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> object:
+        if batch.block_tables.device.type != "cpu" or self.kernel is None or window:
+            return super().build_metadata(batch, block_size, window)
         qsl = batch.query_start_loc
         short: list[int] = []
         longs: list[LongQuery] = []

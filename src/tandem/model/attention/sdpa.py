@@ -7,7 +7,8 @@ Requests are grouped so a layer makes few SDPA calls whatever the batch size:
 - short multi-token queries (verifying k drafts, small chunks) form a second padded call with a causal mask;
 - long queries (prefill chunks) get one call each; a fresh prefill (nothing cached before it) attends to its
   own K/V directly with ``is_causal`` and skips the gather.
-Every index tensor and mask is built once per forward in :meth:`SdpaBackend.build_metadata`.
+Every index tensor and mask is built once per forward in :meth:`SdpaBackend.build_metadata`. With a sliding
+window the masks also hide keys before each query's window, and a fresh prefill takes an explicit mask.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ class LongQuery:
 
     row_start: int
     row_end: int
-    slots: torch.Tensor | None  # [seq_len]; None = fresh prefill, attend to this step's K/V
-    mask: torch.Tensor | None  # additive [q_len, seq_len]; None = fresh prefill (is_causal)
+    slots: torch.Tensor | None  # [keys] cache slots; None = fresh prefill, attend to this step's K/V
+    mask: torch.Tensor | None  # additive [q_len, keys]; None = fresh prefill without a window (is_causal)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class SdpaBackend(AttentionBackend):
         self.mask_dtype = dtype  # additive masks must match the query dtype
         self.short_query_max = short_query_max
 
-    def build_metadata(self, batch: ForwardBatch, block_size: int) -> SdpaMetadata:
+    def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> SdpaMetadata:
         qsl = batch.query_start_loc
         decode: list[int] = []
         short: list[int] = []
@@ -75,12 +76,14 @@ class SdpaBackend(AttentionBackend):
         groups = []
         for reqs in (decode, short):
             if reqs:
-                groups.append(self._padded_group(batch, reqs, block_size))
-        longs = tuple(self._long_query(batch, i, block_size) for i in long_)
+                groups.append(self._padded_group(batch, reqs, block_size, window))
+        longs = tuple(self._long_query(batch, i, block_size, window) for i in long_)
         single = len(groups) == 1 and not longs and groups[0].q_rows is None
         return SdpaMetadata(batch.slot_mapping, batch.num_tokens, tuple(groups), longs, single)
 
-    def _padded_group(self, batch: ForwardBatch, reqs: list[int], block_size: int) -> PaddedGroup:
+    def _padded_group(
+        self, batch: ForwardBatch, reqs: list[int], block_size: int, window: int = 0
+    ) -> PaddedGroup:
         qsl, device = batch.query_start_loc, batch.block_tables.device
         q_lens = [qsl[i + 1] - qsl[i] for i in reqs]
         seqs = [batch.seq_lens[i] for i in reqs]
@@ -99,7 +102,7 @@ class SdpaBackend(AttentionBackend):
         key_pos = torch.arange(max_len, device=device)
         slots = slots_for_positions(tables, key_pos, block_size).reshape(-1)
         mask = None
-        if batch.seq_lens_dev is not None or max_q > 1 or min(seqs) != max_len:
+        if batch.seq_lens_dev is not None or max_q > 1 or min(seqs) != max_len or window:
             if batch.seq_lens_dev is not None:  # host has upper bounds: exact lengths on the device
                 seq_t = batch.seq_lens_dev.index_select(0, torch.tensor(reqs, device=device))
             else:
@@ -108,22 +111,32 @@ class SdpaBackend(AttentionBackend):
             # [n, max_q]: query j of a request sees keys up to context + j.
             last_visible = context.unsqueeze(1) + torch.arange(max_q, device=device)
             visible = (key_pos <= last_visible.unsqueeze(2)) & (key_pos < seq_t.view(n, 1, 1))
+            if window:
+                visible &= key_pos > last_visible.unsqueeze(2) - window
             mask = _additive(visible.unsqueeze(1), self.mask_dtype)
         row_start = qsl[reqs[0]]
         return PaddedGroup(n, max_q, row_start, q_rows, out_rows, out_src, slots, max_len, mask)
 
-    def _long_query(self, batch: ForwardBatch, i: int, block_size: int) -> LongQuery:
+    def _long_query(self, batch: ForwardBatch, i: int, block_size: int, window: int = 0) -> LongQuery:
         # Long queries are prefill chunks, whose lengths the host always knows exactly.
         start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
         seq_len, q_len = batch.seq_lens[i], end - start
-        if q_len == seq_len:
-            return LongQuery(start, end, None, None)
         device = batch.block_tables.device
-        key_pos = torch.arange(seq_len, device=device)
+        query_pos = torch.arange(seq_len - q_len, seq_len, device=device).unsqueeze(1)
+        if q_len == seq_len:
+            if not window or q_len <= window:  # the window hides nothing
+                return LongQuery(start, end, None, None)
+            key_pos = torch.arange(seq_len, device=device)
+            visible = (key_pos <= query_pos) & (key_pos > query_pos - window)
+            return LongQuery(start, end, None, _additive(visible, self.mask_dtype))
+        # With a window, keys before the first query's window are never visible: gather from there.
+        first = max(0, seq_len - q_len - window + 1) if window else 0
+        key_pos = torch.arange(first, seq_len, device=device)
         slots = slots_for_positions(batch.block_tables[i : i + 1], key_pos, block_size).view(-1)
-        query_pos = torch.arange(seq_len - q_len, seq_len, device=device)
-        mask = _additive(key_pos <= query_pos.unsqueeze(1), self.mask_dtype)
-        return LongQuery(start, end, slots, mask)
+        visible = key_pos <= query_pos
+        if window:
+            visible &= key_pos > query_pos - window
+        return LongQuery(start, end, slots, _additive(visible, self.mask_dtype))
 
     def forward(
         self,
@@ -204,7 +217,7 @@ def _attend_long(
         keys.transpose(0, 1),
         values.transpose(0, 1),
         attn_mask=lq.mask,
-        is_causal=lq.slots is None,
+        is_causal=lq.mask is None,
         scale=scale,
         enable_gqa=True,
     )

@@ -6,6 +6,9 @@ keeps non-ASCII characters and does not HTML-escape, ``raise_exception(msg)`` an
 ``strftime_now(fmt)`` globals, and the ``{% generation %}`` block (used by templates that mark
 assistant turns for training masks) rendered as its plain body. The environment is sandboxed
 because a template is code shipped inside a model file.
+
+``DEFAULT_CHAT_TEMPLATES`` holds the templates tandem falls back to, by ``general.architecture``,
+for GGUF files that carry none (Gemma 3's turn format).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, NoReturn
 
 import jinja2
@@ -90,3 +94,50 @@ class ChatTemplate:
             return self._template.render(**context)
         except jinja2.TemplateError as exc:
             raise ValueError(f"{self.origin}: rendering failed: {exc}") from exc
+
+
+# Gemma's turn format, for GGUF files of the Gemma family that carry no tokenizer.chat_template.
+# It renders what Gemma 3's published template (its instruction-tuned tokenizer_config.json)
+# renders: "<bos>", then per message "<start_of_turn>{role}\n{content}<end_of_turn>\n" with the
+# role "assistant" written "model" and the content stripped of surrounding whitespace; a system
+# message is not a turn of its own but goes before the first turn's content, followed by a blank
+# line; roles must alternate user/assistant; "<start_of_turn>model\n" is the generation prompt.
+# Content may also be a list of parts: {"type": "text", "text": ...} (stripped) or
+# {"type": "image"} ("<start_of_image>"). The template writes <bos> itself, so the rendered text
+# is encoded with add_special_tokens=False, like every chat prompt in tandem.
+GEMMA_CHAT_TEMPLATE = """{{ bos_token }}
+{%- if messages and messages[0]['role'] == 'system' -%}
+    {%- set system = messages[0]['content'] -%}
+    {%- if system is not string -%}{%- set system = system[0]['text'] -%}{%- endif -%}
+    {%- set first_prefix = system + '\\n\\n' -%}
+    {%- set turns = messages[1:] -%}
+{%- else -%}
+    {%- set first_prefix = '' -%}
+    {%- set turns = messages -%}
+{%- endif -%}
+{%- for message in turns -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif -%}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {{ '<start_of_turn>' + role + '\\n' + (first_prefix if loop.first else '') }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- else -%}
+        {%- for part in message['content'] -%}
+            {%- if part['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif part['type'] == 'text' -%}
+                {{ part['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+    {{ '<end_of_turn>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<start_of_turn>model\\n' }}
+{%- endif -%}
+"""
+
+# general.architecture -> the chat template to use when a GGUF file has none.
+DEFAULT_CHAT_TEMPLATES: Mapping[str, str] = MappingProxyType({"gemma3": GEMMA_CHAT_TEMPLATE})

@@ -9,8 +9,15 @@ Three things differ from a Hugging Face checkpoint and are undone here:
 3. Row order of ``attn_q`` / ``attn_k`` for the ``llama`` architecture: llama.cpp's converter
    regroups each head's rows from HF's rotate-half layout (first half of the head dims, then the
    second half) into interleaved pairs, because its RoPE kernel rotates adjacent elements. A head's
-   row ``r = 2 * j + a`` in the file is HF row ``a * head_dim / 2 + j``. Qwen files are not
+   row ``r = 2 * j + a`` in the file is HF row ``a * head_dim / 2 + j``. Qwen and Gemma 3 files are not
    permuted (llama.cpp runs those with rotate-half RoPE).
+4. Gemma 3's RMSNorm gains: the checkpoint stores ``w`` and the model multiplies by ``1 + w``; llama.cpp's
+   converter writes ``1 + w`` into the file. The loader subtracts the 1 again (as transformers does), so the
+   HF-named tensors hold the checkpoint's values and one set of weight code serves both formats.
+   Gemma 3's file names its norms by position: ``post_attention_norm`` / ``ffn_norm`` / ``post_ffw_norm`` are
+   HF's ``post_attention_layernorm`` / ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` (for
+   Llama, ``ffn_norm`` is ``post_attention_layernorm``). The file does not store the layer types: the
+   sliding window applies to five layers of every six, as in transformers' default ``layer_types``.
 
 A missing ``output.weight`` means the output projection is tied to ``token_embd``.
 """
@@ -28,10 +35,10 @@ from tandem.model.loader.quants import dequantize, type_name
 
 log = logging.getLogger(__name__)
 from tandem.model.loader.tensor_spec import check_tensors
-from tandem.model.model_args import ModelArgs
+from tandem.model.model_args import ModelArgs, gemma3_layer_windows
 
 # general.architecture -> tandem family
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -51,17 +58,24 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_GEMMA3_LAYER_NAMES = _LAYER_NAMES | {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_tensor_name(gguf_name: str, path: object = "GGUF file") -> str:
-    """The Hugging Face name of a llama.cpp tensor; ``ValueError`` if tandem has no use for it."""
+def hf_tensor_name(gguf_name: str, path: object = "GGUF file", arch: str = "llama") -> str:
+    """The Hugging Face name of a llama.cpp tensor of architecture ``arch``; ``ValueError`` if tandem has
+    no use for it."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
     match = _LAYER_RE.fullmatch(gguf_name)
-    if match and match.group(2) in _LAYER_NAMES:
+    if match and match.group(2) in names:
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+        return f"model.layers.{layer}.{names[part]}.{kind}"
     if gguf_name == "rope_freqs.weight":
         raise ValueError(
             f"{path}: tensor 'rope_freqs.weight' (per-frequency RoPE factors, e.g. Llama 3.1 "
@@ -114,12 +128,21 @@ def gguf_model_args(gf: GGUFFile) -> ModelArgs:
         if gf.get(f"tokenizer.ggml.{key}") is not None
     ]
     bos = gf.get("tokenizer.ggml.bos_token_id")
+    layers = int(gf.require(f"{arch}.block_count"))
+    gemma: dict[str, object] = {}
+    if family == "gemma3":
+        window = int(gf.get(f"{arch}.attention.sliding_window", 0))
+        gemma = {
+            "sandwich_norms": True, "norm_offset": 1.0, "embed_scale": True, "hidden_act": "gelu_tanh",
+            "query_pre_attn_scalar": float(head_dim), "layer_windows": gemma3_layer_windows(layers, window),
+            "rope_local_theta": 10_000.0,
+        }  # fmt: skip
     return ModelArgs(
         family=family,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(gf.require(f"{arch}.feed_forward_length")),
-        num_hidden_layers=int(gf.require(f"{arch}.block_count")),
+        num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=int(gf.get(f"{arch}.attention.head_count_kv", heads)),
         head_dim=head_dim,
@@ -129,9 +152,10 @@ def gguf_model_args(gf: GGUFFile) -> ModelArgs:
         max_position_embeddings=int(gf.get(f"{arch}.context_length", 2048)),
         tie_word_embeddings="output.weight" not in gf.tensors,
         attention_bias="blk.0.attn_q.bias" in gf.tensors,
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "gemma3"),
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=tuple(dict.fromkeys(eos_ids)),
+        **gemma,  # type: ignore[arg-type]
     )
 
 
@@ -149,13 +173,24 @@ def is_quantized_file(gf: GGUFFile) -> bool:
     return any(len(t.shape) == 2 and t.ggml_type in KERNEL_TYPES for t in gf.tensors.values())
 
 
+def unkernelled_types(gf: GGUFFile) -> list[str]:
+    """The block types of ``gf``'s layer matrices that no native kernel computes on (e.g. a Q4_K_M mix's
+    Q4_K / Q5_0 / Q6_K): ``quantization="gguf"`` needs every layer matrix in its blocks."""
+    return sorted({
+        type_name(t.ggml_type) for t in gf.tensors.values()
+        if t.name.startswith("blk.") and len(t.shape) == 2
+        and t.ggml_type not in KERNEL_TYPES and t.ggml_type not in FLOAT_TYPES
+    })  # fmt: skip
+
+
 def load_gguf_tensors(
     gf: GGUFFile, args: ModelArgs, dtype: torch.dtype, keep_quantized: bool = False
 ) -> dict[str, torch.Tensor | BlockQuantWeight]:
     """Every weight of ``gf`` under its HF name (CPU): dequantized and cast to ``dtype``, or with
     ``keep_quantized`` a :class:`BlockQuantWeight` for each matrix in a kernel type. A quantized type
     without a kernel is dequantized through gguf-py, and named once in the log."""
-    names = {hf_tensor_name(name, gf.path): name for name in gf.tensors}
+    arch = str(gf.require("general.architecture"))
+    names = {hf_tensor_name(name, gf.path, arch): name for name in gf.tensors}
     check_tensors({hf: gf.tensors[g].shape for hf, g in names.items()}, args, gf.path)
     permuted = {"q_proj": args.num_attention_heads, "k_proj": args.num_key_value_heads}
     out: dict[str, torch.Tensor | BlockQuantWeight] = {}
@@ -176,6 +211,8 @@ def load_gguf_tensors(
         tensor = dequantize(gf.raw(gname), info.ggml_type, info.shape, gname)
         if heads is not None:
             tensor = unpermute_rows(tensor, heads)
+        if args.norm_offset and hf.endswith("norm.weight"):
+            tensor = tensor - args.norm_offset  # the file stores 1 + w (the module docstring)
         out[hf] = tensor.to(dtype).contiguous()
     if fallback:
         log.warning(

@@ -12,7 +12,9 @@ Per family (``H`` hidden, ``I`` intermediate, ``q = heads * head_dim``,
   ``mlp.{gate,up,down}_proj.weight``, ``input_layernorm.weight``,
   ``post_attention_layernorm.weight``.
 - ``attention_bias`` (qwen2): ``self_attn.{q,k,v}_proj.bias``.
-- ``qk_norm`` (qwen3): ``self_attn.{q,k}_norm.weight [head_dim]``.
+- ``qk_norm`` (qwen3, gemma3): ``self_attn.{q,k}_norm.weight [head_dim]``.
+- ``sandwich_norms`` (gemma3): ``pre_feedforward_layernorm.weight`` and ``post_feedforward_layernorm.weight``
+  ``[H]`` (there ``post_attention_layernorm`` normalizes the attention output, not the MLP input).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def expected_tensors(args: ModelArgs) -> dict[str, Shape]:
             }
         if args.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+        if args.sandwich_norms:
+            shapes |= {p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)}
     return shapes
 
 

@@ -1,15 +1,26 @@
 """Building tandem's ``Tokenizer`` from the ``tokenizer.ggml.*`` metadata of a GGUF file.
 
-Only byte-level BPE (``tokenizer.ggml.model = "gpt2"``) is supported: a vocabulary spelled in
-GPT-2's byte alphabet, ranked merges, and ``token_type`` marking control tokens (3, e.g.
-``<|im_end|>``) and user-defined tokens (4), which must match whole before BPE runs.
+Two vocabularies are supported, by ``tokenizer.ggml.model``:
 
-How the text is split before BPE follows ``tokenizer.ggml.pre``, and is chosen to tokenize exactly
-like transformers does for the same file (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``),
-the reference tandem is tested against. For ``smollm`` that is GPT-2's own regex, *without* the
-split into single digits that the original SmolLM2 ``tokenizer.json`` and llama.cpp apply first:
-the two disagree only on a run of whitespace before a digit (``"  1"`` is ``Ġ Ġ 1`` here, ``ĠĠ 1``
-in the original).
+- ``"gpt2"``, byte-level BPE (this file): a vocabulary spelled in GPT-2's byte alphabet, ranked
+  merges, and ``token_type`` marking control tokens (3, e.g. ``<|im_end|>``) and user-defined
+  tokens (4), which must match whole before BPE runs.
+- ``"llama"``, SentencePiece-style BPE with byte fallback (Gemma, Llama 2, ...): see
+  ``tokenizer_spm.py``.
+
+Both are chosen to tokenize exactly like transformers does for the same file
+(``AutoTokenizer.from_pretrained(dir, gguf_file=...)``), the reference tandem is tested against.
+For byte-level BPE, how the text is split before BPE follows ``tokenizer.ggml.pre``. For
+``smollm`` that is GPT-2's own regex, *without* the split into single digits that the original
+SmolLM2 ``tokenizer.json`` and llama.cpp apply first: the two disagree only on a run of whitespace
+before a digit (``"  1"`` is ``Ġ Ġ 1`` here, ``ĠĠ 1`` in the original).
+
+Special tokens and the chat template are read the same way for both. BOS is added by default for
+``"llama"`` vocabularies when ``tokenizer.ggml.add_bos_token`` is absent (as llama.cpp and
+transformers do), not for ``"gpt2"``. A file without ``tokenizer.chat_template`` gets the default
+template of its architecture, if tandem has one (``chat_template.DEFAULT_CHAT_TEMPLATES``: Gemma 3).
+For the Gemma family, ``<end_of_turn>`` also ends generation (llama.cpp treats it as
+end-of-generation by its text; the files name only ``<eos>``).
 """
 
 from __future__ import annotations
@@ -19,9 +30,10 @@ from collections.abc import Sequence
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
-from tandem.model.loader.chat_template import ChatTemplate
+from tandem.model.loader.chat_template import DEFAULT_CHAT_TEMPLATES, ChatTemplate
 from tandem.model.loader.gguf_file import GGUFFile
 from tandem.model.loader.tokenizer import SpecialTokens, Tokenizer, byte_alphabet
+from tandem.model.loader.tokenizer_spm import spm_backend
 
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -82,13 +94,8 @@ def _vocab(tokens: Sequence[str], types: Sequence[int]) -> dict[str, int]:
     return vocab
 
 
-def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
-    model = gf.require("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(
-            f"{gf.path}: unsupported tokenizer.ggml.model {model!r}; tandem reads byte-level BPE "
-            "('gpt2') tokenizers from GGUF"
-        )
+def byte_level_backend(gf: GGUFFile) -> tokenizers.Tokenizer:
+    """The ``tokenizers`` pipeline for a ``tokenizer.ggml.model = "gpt2"`` file."""
     tokens: list[str] = gf.require("tokenizer.ggml.tokens")
     types: list[int] = gf.get("tokenizer.ggml.token_type") or []
     merges = [tuple(m.split(" ", 1)) for m in gf.require("tokenizer.ggml.merges")]
@@ -108,6 +115,28 @@ def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
     for i in special + user:
         if backend.token_to_id(tokens[i]) != i:
             raise ValueError(f"{gf.path}: special token {tokens[i]!r} (id {i}) is not unique")
+    return backend
+
+
+# tokenizer.ggml.model -> (backend builder, byte-level vocabulary, add BOS when the file is silent)
+_VOCABULARIES = {
+    "gpt2": (byte_level_backend, True, False),
+    "llama": (spm_backend, False, True),
+}
+# Architectures whose "<end_of_turn>" ends generation although no GGUF key names it.
+_GEMMA_FAMILY = frozenset({"gemma", "gemma2", "gemma3"})
+
+
+def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
+    model = gf.require("tokenizer.ggml.model")
+    if model not in _VOCABULARIES:
+        raise ValueError(
+            f"{gf.path}: unsupported tokenizer.ggml.model {model!r}; tandem reads byte-level BPE "
+            "('gpt2') and SentencePiece BPE ('llama') tokenizers from GGUF"
+        )
+    build, byte_level, bos_by_default = _VOCABULARIES[model]
+    backend = build(gf)
+    architecture = str(gf.get("general.architecture", ""))
 
     def token_id(key: str) -> int | None:
         value = gf.get(f"tokenizer.ggml.{key}")
@@ -115,15 +144,21 @@ def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
 
     eos = token_id("eos_token_id")
     stops = {token_id(k) for k in ("eos_token_id", "eot_token_id", "eom_token_id")}
+    if architecture in _GEMMA_FAMILY:
+        stops.add(backend.token_to_id("<end_of_turn>"))
     specials = SpecialTokens(
         bos_token_id=token_id("bos_token_id"),
         eos_token_id=eos,
         eos_token_ids=frozenset(i for i in stops if i is not None),
         pad_token_id=token_id("padding_token_id"),
         unk_token_id=token_id("unknown_token_id"),
-        add_bos=bool(gf.get("tokenizer.ggml.add_bos_token", False)),
+        add_bos=bool(gf.get("tokenizer.ggml.add_bos_token", bos_by_default)),
         add_eos=bool(gf.get("tokenizer.ggml.add_eos_token", False)),
     )
     template = gf.get("tokenizer.chat_template")
-    chat = ChatTemplate(template, f"{gf.path}: tokenizer.chat_template") if template else None
-    return Tokenizer(backend, specials, chat, byte_level=True, name=str(gf.path))
+    origin = f"{gf.path}: tokenizer.chat_template"
+    if not template and architecture in DEFAULT_CHAT_TEMPLATES:
+        template = DEFAULT_CHAT_TEMPLATES[architecture]
+        origin = f"{gf.path}: tandem's default {architecture} chat template (the file has none)"
+    chat = ChatTemplate(template, origin) if template else None
+    return Tokenizer(backend, specials, chat, byte_level=byte_level, name=str(gf.path))
