@@ -25,7 +25,9 @@ end-of-generation by its text; the files name only ``<eos>``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import NamedTuple
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
@@ -33,7 +35,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tandem.model.loader.chat_template import DEFAULT_CHAT_TEMPLATES, ChatTemplate
 from tandem.model.loader.gguf_file import GGUFFile
 from tandem.model.loader.tokenizer import SpecialTokens, Tokenizer, byte_alphabet
-from tandem.model.loader.tokenizer_spm import spm_backend
+from tandem.model.loader.tokenizer_spm import GEMMA_FAMILY, spm_backend
 
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -118,24 +120,30 @@ def byte_level_backend(gf: GGUFFile) -> tokenizers.Tokenizer:
     return backend
 
 
-# tokenizer.ggml.model -> (backend builder, byte-level vocabulary, add BOS when the file is silent)
-_VOCABULARIES = {
-    "gpt2": (byte_level_backend, True, False),
-    "llama": (spm_backend, False, True),
-}
-# Architectures whose "<end_of_turn>" ends generation although no GGUF key names it.
-_GEMMA_FAMILY = frozenset({"gemma", "gemma2", "gemma3"})
+class _Vocabulary(NamedTuple):
+    build: Callable[[GGUFFile], tokenizers.Tokenizer]
+    byte_level: bool  # pieces spelled in GPT-2's byte alphabet (Tokenizer.token_bytes)
+    add_bos_default: bool  # when tokenizer.ggml.add_bos_token is absent
+
+
+VOCABULARIES: Mapping[str, _Vocabulary] = MappingProxyType(
+    {
+        "gpt2": _Vocabulary(byte_level_backend, byte_level=True, add_bos_default=False),
+        "llama": _Vocabulary(spm_backend, byte_level=False, add_bos_default=True),
+    }
+)
 
 
 def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
+    """tandem's ``Tokenizer`` for the vocabulary, special tokens and chat template of ``gf``."""
     model = gf.require("tokenizer.ggml.model")
-    if model not in _VOCABULARIES:
+    vocabulary = VOCABULARIES.get(model)
+    if vocabulary is None:
         raise ValueError(
             f"{gf.path}: unsupported tokenizer.ggml.model {model!r}; tandem reads byte-level BPE "
             "('gpt2') and SentencePiece BPE ('llama') tokenizers from GGUF"
         )
-    build, byte_level, bos_by_default = _VOCABULARIES[model]
-    backend = build(gf)
+    backend = vocabulary.build(gf)
     architecture = str(gf.get("general.architecture", ""))
 
     def token_id(key: str) -> int | None:
@@ -144,7 +152,7 @@ def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
 
     eos = token_id("eos_token_id")
     stops = {token_id(k) for k in ("eos_token_id", "eot_token_id", "eom_token_id")}
-    if architecture in _GEMMA_FAMILY:
+    if architecture in GEMMA_FAMILY:
         stops.add(backend.token_to_id("<end_of_turn>"))
     specials = SpecialTokens(
         bos_token_id=token_id("bos_token_id"),
@@ -152,7 +160,7 @@ def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
         eos_token_ids=frozenset(i for i in stops if i is not None),
         pad_token_id=token_id("padding_token_id"),
         unk_token_id=token_id("unknown_token_id"),
-        add_bos=bool(gf.get("tokenizer.ggml.add_bos_token", bos_by_default)),
+        add_bos=bool(gf.get("tokenizer.ggml.add_bos_token", vocabulary.add_bos_default)),
         add_eos=bool(gf.get("tokenizer.ggml.add_eos_token", False)),
     )
     template = gf.get("tokenizer.chat_template")
@@ -161,4 +169,4 @@ def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
         template = DEFAULT_CHAT_TEMPLATES[architecture]
         origin = f"{gf.path}: tandem's default {architecture} chat template (the file has none)"
     chat = ChatTemplate(template, origin) if template else None
-    return Tokenizer(backend, specials, chat, byte_level=byte_level, name=str(gf.path))
+    return Tokenizer(backend, specials, chat, byte_level=vocabulary.byte_level, name=str(gf.path))

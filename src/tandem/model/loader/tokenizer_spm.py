@@ -8,24 +8,28 @@ gguf_file=...)``, the reference tandem is tested against):
 
 - Merges: every split of every piece into two pieces of the vocabulary, ranked by the piece's
   score, best first, as SentencePiece's BPE merges the adjacent pair whose union scores highest.
-  Ties: the longer left half first. Gemma files are the exception: their merge order is the order
-  of the pieces in the file, not their scores (transformers ranks them by position too).
+  Ties: the longer left half first.
 - Byte fallback: a character without a piece becomes its UTF-8 bytes as the ``<0xNN>`` pieces.
 - Spaces: " " becomes "▁" before BPE. ``tokenizer.ggml.add_space_prefix`` (true when absent)
   also puts a "▁" before the text, but only at its very start (not after a special token, and not
   when the text already starts with a space), and decoding strips that one space again: this is
-  transformers' ``LlamaTokenizer`` (a ``Metaspace`` pre-tokenizer, prepend scheme "first"). Gemma
-  files say false, and their pieces of only spaces (ids 138-167 in Gemma 3) are stored as real
-  spaces: they are respelled with "▁" so that the text can reach them.
+  transformers' ``LlamaTokenizer`` (a ``Metaspace`` pre-tokenizer, prepend scheme "first").
 - Decoding: "▁" -> " ", ``<0xNN>`` runs -> their bytes (U+FFFD for each byte of an incomplete
   character), pieces joined.
 - Control pieces (3) and user-defined pieces (4, e.g. Gemma's "\\n\\n" or "<start_of_image>") are
   matched whole in the text before BPE, control ones as special tokens (dropped by
   ``decode(skip_special_tokens=True)``); so are the unknown/BOS/EOS/padding pieces, which
   transformers registers as special tokens whatever their type.
+- The Gemma family (``GEMMA_FAMILY``), as transformers' ``gemma_tokenizer`` fixes it: the merge
+  order is the pieces' order in the file, not their scores (the two agree for ordinary pieces,
+  but control and user-defined pieces are scored -1000 and byte pieces 0); and the user-defined
+  pieces of only spaces (ids 138-167 in Gemma 3) are stored as real spaces, so they are
+  respelled with "▁" and reached through BPE rather than matched whole. These files say
+  ``add_space_prefix = false``.
 
-Known difference from transformers: it ignores ``add_space_prefix = false`` outside the Gemma
-family (its ``LlamaTokenizer`` always prepends); tandem honours the flag, as llama.cpp does.
+Known difference from transformers: it ignores ``add_space_prefix`` (its ``LlamaTokenizer``
+always prepends, its ``GemmaTokenizer`` never does); tandem honours the flag, as llama.cpp does.
+The two differ only for a non-Gemma file that says false or a Gemma file that says true.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ from tandem.model.loader.gguf_file import GGUFFile
 
 _CONTROL, _USER_DEFINED = 3, 4
 _SPACE = "\u2581"
-# Architectures whose merge order is the pieces' order in the file rather than their scores.
-RANK_BY_POSITION = frozenset({"gemma", "gemma2", "gemma3"})
+# Architectures whose GGUF vocabulary was converted from Gemma's tokenizer (see above).
+GEMMA_FAMILY = frozenset({"gemma", "gemma2", "gemma3"})
 
 
 def respell_spaces(token: str) -> str:
@@ -53,8 +57,7 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str
     piece into two pieces of the vocabulary, ordered by the piece's score (highest first), then
     by the length of ``left`` and of ``right`` (longest first), then by the pieces' order.
 
-    This is transformers' ``generate_merges``; a token listed twice counts at its last id and
-    score, as in a ``dict`` built from the list. 262,144 pieces take about a second.
+    This is transformers' ``generate_merges``. 262,144 pieces take about a second.
     """
     vocab = dict.fromkeys(tokens)  # membership only; keeps first-seen order
     score_of = dict(zip(tokens, scores, strict=True))
@@ -76,15 +79,15 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str
 def spm_backend(gf: GGUFFile) -> tokenizers.Tokenizer:
     """The ``tokenizers`` pipeline for a ``tokenizer.ggml.model = "llama"`` file (see above)."""
     raw_tokens: list[str] = gf.require("tokenizer.ggml.tokens")
-    tokens = [respell_spaces(t) for t in raw_tokens]
+    gemma = str(gf.get("general.architecture", "")) in GEMMA_FAMILY
+    tokens = [respell_spaces(t) for t in raw_tokens] if gemma else raw_tokens
     types: list[int] = gf.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     if len(types) != len(tokens):
         raise ValueError(
             f"{gf.path}: tokenizer.ggml.token_type has {len(types)} entries for "
             f"{len(tokens)} tokens"
         )
-    architecture = str(gf.get("general.architecture", ""))
-    if architecture in RANK_BY_POSITION:
+    if gemma:
         ranks: Sequence[float] = range(0, -len(tokens), -1)
     else:
         ranks = gf.require("tokenizer.ggml.scores")
@@ -99,8 +102,10 @@ def spm_backend(gf: GGUFFile) -> tokenizers.Tokenizer:
         return None if index is None else tokens[int(index)]
 
     unk = token_at("unknown_token_id")
-    # Last id wins for a repeated piece, as in transformers' vocabulary dict.
     vocab = {token: index for index, token in enumerate(tokens)}
+    if len(vocab) != len(tokens):  # ids would no longer be positions in the list
+        repeated = next(t for i, t in enumerate(tokens) if vocab[t] != i)
+        raise ValueError(f"{gf.path}: tokenizer.ggml.tokens lists {repeated!r} twice")
     bpe = models.BPE(
         vocab=vocab,
         merges=spm_merges(tokens, ranks),
@@ -130,6 +135,4 @@ def spm_backend(gf: GGUFFile) -> tokenizers.Tokenizer:
     ]
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
-    if backend.get_vocab_size(with_added_tokens=True) != len(vocab):
-        raise ValueError(f"{gf.path}: a control or user-defined token is not in the vocabulary")
     return backend
