@@ -7,8 +7,9 @@
 | "int8"           | "int8" (``explicit``) on one CPU rank in float32, any checkpoint | ``ValueError`` (device, dtype, TP)      |
 | "none"           | "none" (``explicit``)                          | "none" (``explicit``)                                     |
 
-A GGUF file whose layer matrices include a type without a kernel (a Q4_K_M mix: Q4_K, Q5_0, Q6_K) is one of the
-"otherwise" cases, with the reason ``block_types``.
+A GGUF file whose layer matrices include a block type without a native kernel (kernels: Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q4_K, Q5_K, Q6_K; without: e.g. Q2_K, Q3_K, the IQ types) is one of the "otherwise" cases, with the reason
+``block_types``.
 
 ``"gguf"`` keeps every matrix stored in a block type with a native kernel in its blocks
 (model/block_quant.py). ``"int8"`` is weight-only int8 for any checkpoint (safetensors or GGUF): each layer
@@ -105,7 +106,7 @@ def resolve_quantization(
     blockers = [
         (not quantized_gguf, "not_quantized_gguf", "the model is not a GGUF file with quantized matrices"),
         (bool(unkernelled), "block_types",
-         f"no native kernel computes on its {', '.join(unkernelled)} layer matrices (Q4_0 / Q4_1 / Q8_0 only)"),
+         f"no native kernel computes on its {', '.join(unkernelled)} layer matrices"),
         (not device.startswith("cpu"), "device", f"block-quantized kernels run on the CPU, not {device!r}"),
         (dtype != "float32", "dtype", f"block-quantized kernels take float32 activations, not dtype {dtype!r}"),
         (tensor_parallel_size > 1, "tensor_parallel", "block-quantized weights run on one rank"),

@@ -78,8 +78,7 @@ class NativeDecode:
             return None
         if model.comm.world_size != 1 or model.num_layers == 0:
             return None
-        a = model.args
-        if a.sandwich_norms or a.sliding or a.hidden_act != "silu":  # Gemma 3: the torch layers (for now)
+        if not model.args.native_stack:  # Gemma 3: the torch layers (for now)
             return None
         kernel = decode_forward_kernel()
         return None if kernel is None else cls(model, kernel)

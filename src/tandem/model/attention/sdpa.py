@@ -99,23 +99,59 @@ class SdpaBackend(AttentionBackend):
         tables = batch.block_tables
         if not (in_order and n == batch.num_reqs):
             tables = tables.index_select(0, torch.tensor(reqs, device=device))
+        if window:
+            return self._windowed_group(batch, reqs, q_lens, tables, block_size, window, q_rows, out_rows, out_src)
         key_pos = torch.arange(max_len, device=device)
         slots = slots_for_positions(tables, key_pos, block_size).reshape(-1)
         mask = None
-        if batch.seq_lens_dev is not None or max_q > 1 or min(seqs) != max_len or window:
-            if batch.seq_lens_dev is not None:  # host has upper bounds: exact lengths on the device
-                seq_t = batch.seq_lens_dev.index_select(0, torch.tensor(reqs, device=device))
-            else:
-                seq_t = torch.tensor(seqs, device=device)
+        if batch.seq_lens_dev is not None or max_q > 1 or min(seqs) != max_len:
+            seq_t = self._seq_tensor(batch, reqs)
             context = seq_t - torch.tensor(q_lens, device=device)
             # [n, max_q]: query j of a request sees keys up to context + j.
             last_visible = context.unsqueeze(1) + torch.arange(max_q, device=device)
             visible = (key_pos <= last_visible.unsqueeze(2)) & (key_pos < seq_t.view(n, 1, 1))
-            if window:
-                visible &= key_pos > last_visible.unsqueeze(2) - window
             mask = _additive(visible.unsqueeze(1), self.mask_dtype)
         row_start = qsl[reqs[0]]
         return PaddedGroup(n, max_q, row_start, q_rows, out_rows, out_src, slots, max_len, mask)
+
+    @staticmethod
+    def _seq_tensor(batch: ForwardBatch, reqs: list[int]) -> torch.Tensor:
+        """The exact sequence lengths of ``reqs`` as a tensor (on the device when the host has only upper
+        bounds: no sync)."""
+        device = batch.block_tables.device
+        if batch.seq_lens_dev is not None:
+            return batch.seq_lens_dev.index_select(0, torch.tensor(reqs, device=device))
+        return torch.tensor([batch.seq_lens[i] for i in reqs], device=device)
+
+    def _windowed_group(
+        self,
+        batch: ForwardBatch,
+        reqs: list[int],
+        q_lens: list[int],
+        tables: torch.Tensor,
+        block_size: int,
+        window: int,
+        q_rows: torch.Tensor | None,
+        out_rows: torch.Tensor | None,
+        out_src: torch.Tensor | None,
+    ) -> PaddedGroup:
+        """A padded group under a sliding window: each request gathers only the keys its queries can see,
+        from its first query's window start, ``window + max_q - 1`` slots at most however long the
+        sequence (computed from the exact lengths, on the device when the host has upper bounds)."""
+        device = batch.block_tables.device
+        n, max_q = len(reqs), max(q_lens)
+        seq_t = self._seq_tensor(batch, reqs)
+        context = seq_t - torch.tensor(q_lens, device=device)
+        first = (context - window + 1).clamp_(min=0)
+        width = min(max(batch.seq_lens[i] for i in reqs), window + max_q - 1)
+        key_pos = first.unsqueeze(1) + torch.arange(width, device=device)  # [n, width]
+        slots = slots_for_positions(tables, key_pos, block_size).reshape(-1)
+        last_visible = (context.unsqueeze(1) + torch.arange(max_q, device=device)).unsqueeze(2)
+        keys = key_pos.unsqueeze(1)  # [n, 1, width]
+        visible = (keys <= last_visible) & (keys > last_visible - window) & (keys < seq_t.view(n, 1, 1))
+        mask = _additive(visible.unsqueeze(1), self.mask_dtype)
+        row_start = batch.query_start_loc[reqs[0]]
+        return PaddedGroup(n, max_q, row_start, q_rows, out_rows, out_src, slots, width, mask)
 
     def _long_query(self, batch: ForwardBatch, i: int, block_size: int, window: int = 0) -> LongQuery:
         # Long queries are prefill chunks, whose lengths the host always knows exactly.

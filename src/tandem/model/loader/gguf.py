@@ -174,8 +174,8 @@ def is_quantized_file(gf: GGUFFile) -> bool:
 
 
 def unkernelled_types(gf: GGUFFile) -> list[str]:
-    """The block types of ``gf``'s layer matrices that no native kernel computes on (e.g. a Q4_K_M mix's
-    Q4_K / Q5_0 / Q6_K): ``quantization="gguf"`` needs every layer matrix in its blocks."""
+    """The block types of ``gf``'s layer matrices that no native kernel computes on (e.g. Q3_K, IQ4_XS):
+    ``quantization="gguf"`` needs every layer matrix in its blocks."""
     return sorted({
         type_name(t.ggml_type) for t in gf.tensors.values()
         if t.name.startswith("blk.") and len(t.shape) == 2
