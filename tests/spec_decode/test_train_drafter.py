@@ -1,6 +1,7 @@
 """``tandem train-drafter`` end to end on a tiny target: each method's output loads as a drafter whose greedy
-outputs equal no-spec; an interrupted run resumes to exactly the tensors of an uninterrupted one (seeded);
-the MTP output is the target checkpoint with the MTP layer added; HumanEval is never a training source."""
+outputs equal no-spec (an EAGLE-3 head for a Gemma 3 target too); an interrupted run resumes to exactly the
+tensors of an uninterrupted one (seeded); the MTP output is the target checkpoint with the MTP layer added;
+HumanEval is never a training source."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from tandem import LLM, SamplingParams
 from tandem.entrypoints.cli import main
 from tandem.spec_decode.train import prompts as prompts_module
 from tandem.spec_decode.train.corpus import SKIP_DIRS, stdlib_source_chunks, stdlib_source_files
-from tandem.spec_decode.train.data import CorpusSpec
+from tandem.spec_decode.train.data import FP16_LIMIT, CorpusSpec, load_dataset
 from tandem.spec_decode.train.prompts import stdlib_prompts
 from tandem.spec_decode.train.trainer import TrainConfig, train_drafter
-from tests.spec_decode.tiny_heads import tiny_target
+from tests.spec_decode.tiny_heads import tiny_gemma_target, tiny_target
 
 PROMPTS = ["hello there the", "abc abc abc abc", "the " * 12]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -136,6 +137,9 @@ def test_corpus_chunks_are_stdlib_source_seeded_and_bounded() -> None:
     assert a != stdlib_source_chunks(encode, 5000, chunk_tokens=128, seed=4)
     assert all(64 <= len(c) <= 128 for c in a)
     assert 5000 <= sum(map(len, a)) < 5000 + 128
+    # A BOS-first tokenizer's BOS starts every chunk (inference never runs the target without it).
+    b = stdlib_source_chunks(encode, 5000, chunk_tokens=128, seed=3, prefix=[7])
+    assert all(c[0] == 7 and 65 <= len(c) <= 128 for c in b) and b[0][1:] == a[0][:127]
     with pytest.raises(ValueError, match="chunk_tokens"):
         stdlib_source_chunks(encode, 100, chunk_tokens=8)
 
@@ -171,3 +175,55 @@ def test_draft_vocab_is_part_of_the_run_key(tmp_path: Path) -> None:
         d = {k: v for k, v in asdict(legacy).items()
              if k not in ("out", "work_dir", "threads", "ship_dir", "epochs", "max_steps", "draft_vocab")}
         assert legacy.key() == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def test_gemma3_eagle3_head_drafts_exactly(tmp_path: Path) -> None:
+    """A Gemma 3 target (sandwich norms, zero-centred gains, BOS first): the head starts from its last layer's
+    gains (1 + w, the pre-MLP norm being ``pre_feedforward_layernorm``), corpus chunks start with BOS, and
+    the trained head drafts exactly."""
+    from tandem.model.loader import load_checkpoint
+    from tandem.spec_decode.eagle_checkpoint import HeadConfig
+    from tandem.spec_decode.train.init_head import init_tensors
+
+    target = tiny_gemma_target(tmp_path, max_position_embeddings=2048, add_bos_token=True)
+    ckpt = load_checkpoint(target)
+    head = init_tensors(HeadConfig.for_target("eagle3", ckpt.args, 200), ckpt.tensors, ckpt.args, 0)
+    last = "model.layers.3."
+    assert torch.equal(head["input_layernorm.weight"], 1 + ckpt.tensors[last + "input_layernorm.weight"])
+    assert torch.equal(head["post_attention_layernorm.weight"],
+                       1 + ckpt.tensors[last + "pre_feedforward_layernorm.weight"])
+    assert torch.equal(head["norm.weight"], 1 + ckpt.tensors["model.norm.weight"])
+    llm = LLM(str(target), max_num_seqs=4)
+    expected = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    llm.shutdown()
+    work = tmp_path / "work"
+    result = train_drafter(_cfg(target, "eagle3", tmp_path / "out", work, corpus_tokens=1000), progress=False)
+    corpus = load_dataset([], sorted(work.glob("corpus-*/shard-*.safetensors")))
+    assert all(int(corpus.tokens[corpus.offsets[i]]) == 258 for i in range(corpus.num_samples))  # BOS
+    spec = {"method": "eagle3", "num_speculative_tokens": 3, "model": str(result.out)}
+    llm = LLM(str(target), max_num_seqs=4, async_scheduling=True, speculative_config=spec)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    llm.shutdown()
+    assert got == expected
+
+
+def test_features_beyond_fp16_are_stored_in_bf16(tmp_path: Path) -> None:
+    """Gemma 3's residual stream passes fp16's 65504: such a shard keeps bf16, and shards of both kinds load
+    together as bf16."""
+    from safetensors.torch import save_file
+
+    from tandem.spec_decode.train.data import _stored
+
+    small, big = torch.tensor([[1.5, -300.25]]), torch.tensor([[1.5, -2.0 * FP16_LIMIT]])
+    assert _stored(small).dtype == torch.float16 and _stored(big).dtype == torch.bfloat16
+    assert torch.isfinite(_stored(big).float()).all()
+    files = []
+    for n, x in enumerate((small, big)):
+        files.append(tmp_path / f"shard-{n}.safetensors")
+        save_file({"tokens": torch.tensor([1, 2], dtype=torch.int32), "offsets": torch.tensor([0, 2]),
+                   "prompt_lens": torch.tensor([1], dtype=torch.int32), "final": _stored(x).expand(2, 2).contiguous(),
+                   "aux": _stored(x).expand(2, 2).contiguous(), "argmax": torch.tensor([2, 1], dtype=torch.int32)},
+                  str(files[-1]))
+    data = load_dataset(files)
+    assert data.aux.dtype == torch.bfloat16 and torch.isfinite(data.aux.float()).all()
+    assert torch.equal(data.aux[0].float(), small[0].bfloat16().float())

@@ -1,5 +1,5 @@
-"""Tiny random checkpoints for the drafter tests: a target (transformers' Llama), and heads written in the
-public layouts by hand (tensor names spelled out here, independent of tandem's writer)."""
+"""Tiny random checkpoints for the drafter tests: targets (transformers' Llama and Gemma 3), and heads written
+in the public layouts by hand (tensor names spelled out here, independent of tandem's writer)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,39 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.model.test_loader_hf import save_tiny
+from tests.model.test_loader_hf import VOCAB, save_tiny, write_tiny_tokenizer
 
 H, I, HEADS, KV, HD = 32, 48, 4, 2, 8
 
 
 def tiny_target(tmp_path: Path, **overrides: Any) -> Path:
     directory, _ = save_tiny(tmp_path, "llama", num_hidden_layers=4, **overrides)
+    return directory
+
+
+def tiny_gemma_target(tmp_path: Path, max_position_embeddings: int = 256, **tokenizer: Any) -> Path:
+    """A 4-layer Gemma 3 (sandwich norms, zero-centred gains drawn at random so a missing or doubled
+    ``1 + w`` shows, GELU, q/k norms, a query_pre_attn_scalar that is not head_dim, window-8 sliding layers
+    with their own RoPE base beside global ones) with the tiny byte-level tokenizer."""
+    import transformers
+
+    config = transformers.Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=H, intermediate_size=I, num_hidden_layers=4, num_attention_heads=HEADS,
+        num_key_value_heads=KV, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+        max_position_embeddings=max_position_embeddings, bos_token_id=258, eos_token_id=259, pad_token_id=260,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+    )
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.3)
+    directory = tmp_path / "gemma3"
+    model.save_pretrained(directory)
+    write_tiny_tokenizer(directory, **tokenizer)
     return directory
 
 

@@ -1,5 +1,7 @@
 """Draft-model proposer: a separate small checkpoint (same tokenizer), its own weights and its own KV
-cache, indexed by the target's block tables. It shares nothing with the target.
+cache, indexed by the target's block tables. It shares nothing with the target. Without
+``speculative_config.model`` it takes the draft shipped for its target (``make_draft.SHIPPED_DRAFTS``: the
+target's first layers), found by the target's known model name.
 
 Per request the drafter keeps how many leading positions of its KV are valid. Each step it
 1. catches up: feeds the tokens it has not seen (the prompt at first, then the bonus / recovered token and
@@ -53,10 +55,16 @@ class DraftModelProposer(Proposer):
         block_size: int,
         **_: Any,
     ) -> DraftModelProposer:
-        from tandem.spec_decode.make_draft import resolve_shipped_draft
+        from tandem.spec_decode.make_draft import resolve_shipped_draft, shipped_draft_for_target
         from tandem.worker.worker import DTYPES
 
-        name = config.model or "smollm2-135m-instruct-draft"
+        name = config.model or shipped_draft_for_target(target_checkpoint)
+        if name is None:
+            src = target_checkpoint.source if target_checkpoint is not None else "this target"
+            raise ValueError(
+                f"speculative method 'draft_model': no draft model is shipped for {src}; pass one with "
+                "the target's tokenizer as speculative_config.model (`tandem make-draft` exports one)"
+            )
         path = resolve_shipped_draft(name) or name
         dtype = DTYPES[config.draft_dtype] if config.draft_dtype not in (None, "auto") else target.dtype
         ckpt = load_checkpoint(path, dtype)

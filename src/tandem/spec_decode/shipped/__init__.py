@@ -1,7 +1,9 @@
-"""Drafters shipped for the default model, and finding them.
+"""Drafters shipped for known targets, and finding them.
 
 Next to this file, one directory per drafter, produced by ``tandem train-drafter`` (see ``README.md`` here
-for the exact commands and their logs):
+for the exact commands and their logs), named ``<target>-<method>`` after the target's known model name
+(``tandem.model.loader.KNOWN_MODELS``) and found by that name alone: a target of :data:`SHIPPED` gets every
+method whose directory is present (a method without one raises the proposer's "no head is shipped" error):
 - ``<target>-eagle/``, ``<target>-eagle3/``: heads in the public EAGLE / EAGLE-3 layout (fp16), used as is;
 - ``<target>-mtp/``: the MTP layer alone (``mtp_layer.safetensors``, DeepSeek-V3 names) and the config keys
   it adds. The "target checkpoint with an MTP layer" is assembled from it on first use, locally and
@@ -12,35 +14,46 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from tandem.model.loader import Checkpoint, resolve_model
+from tandem.model.loader import KNOWN_MODELS, Checkpoint, resolve_model
 
 SHIPPED_DIR = Path(__file__).resolve().parent
+METHODS = ("eagle", "eagle3", "mtp")
 # target name -> drafter directory name per method
 SHIPPED: dict[str, dict[str, str]] = {
-    "smollm2-135m-instruct": {
-        m: f"smollm2-135m-instruct-{m}" for m in ("eagle", "eagle3", "mtp")
-    },
+    target: {m: f"{target}-{m}" for m in METHODS} for target in ("smollm2-135m-instruct", "gemma-3-270m")
 }
 MTP_LAYER_FILE = "mtp_layer.safetensors"
 MTP_CONFIG_FILE = "mtp_config.json"
 
 
-def _target_name(checkpoint: Checkpoint | None) -> str | None:
+def known_target_name(checkpoint: Checkpoint | None, names: Iterable[str]) -> str | None:
+    """Which of the known model ``names`` ``checkpoint`` was loaded from (by its resolved file), if any.
+
+    A model assembled into the cache is compared by file name first, so a lookup never assembles one."""
     if checkpoint is None:
         return None
-    for name in SHIPPED:
+    source = checkpoint.source.resolve()
+    for name in sorted(names):
+        entry = KNOWN_MODELS.get(name)
+        if entry is not None and entry.filename and entry.filename != source.name:
+            continue
         try:
-            if resolve_model(name) == checkpoint.source.resolve():
+            if resolve_model(name) == source:
                 return name
         except (FileNotFoundError, ValueError):
             continue
     return None
+
+
+def _target_name(checkpoint: Checkpoint | None) -> str | None:
+    return known_target_name(checkpoint, SHIPPED)
 
 
 def shipped_head(name: str, method: str) -> Path | None:

@@ -8,14 +8,16 @@ millions of tokens of real Python, available offline, and a prefill-only capture
 magnitude faster than generation. HumanEval is not part of the standard library: it stays held out.
 
 Deterministic for a given Python: files are listed in sorted order, chunked, and the chunk order is a
-seeded shuffle.
+seeded shuffle. A target whose tokenizer starts every text with BOS (Gemma) gets it at the start of every
+chunk (``prefix``): the features are captured from position 0 of each chunk, and the target never sees a
+sequence without its BOS at inference.
 """
 
 from __future__ import annotations
 
 import random
 import sysconfig
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 # Trees that are tests, GUI demos, vendored packages or generated tables, not representative code.
@@ -53,9 +55,11 @@ def stdlib_source_chunks(
     chunk_tokens: int = 256,
     seed: int = 0,
     root: str | Path | None = None,
+    prefix: Sequence[int] = (),
 ) -> list[list[int]]:
     """Token chunks of at most ``chunk_tokens`` from the standard library's source, about ``num_tokens``
-    in all (fewer if the library is smaller), in a seeded order.
+    in all (fewer if the library is smaller), in a seeded order. Each chunk starts with ``prefix`` (the
+    target's BOS, if its tokenizer adds one; ``encode`` must not add it), which counts towards both sizes.
 
     Files are read in a seeded order and tokenised only until enough chunks are collected, so a small
     request does not tokenise the whole library.
@@ -73,9 +77,9 @@ def stdlib_source_chunks(
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        for piece in _chunks(encode(text), chunk_tokens):
-            chunks.append(piece)
-            total += len(piece)
+        for piece in _chunks(encode(text), chunk_tokens - len(prefix)):
+            chunks.append([*prefix, *piece])
+            total += len(prefix) + len(piece)
             if total >= num_tokens:
                 return chunks
     return chunks

@@ -5,6 +5,8 @@ A shard is one safetensors file of concatenated samples:
 - ``tokens`` [N] int32, ``offsets`` [S+1] int64, ``prompt_lens`` [S] int32;
 - ``final`` [N, H] fp16: the target's final normed hidden state at each position (EAGLE / MTP feature);
 - ``aux`` [N, 3H] fp16: the residual streams entering the EAGLE-3 layers (vLLM ids), concatenated;
+  bf16 instead where a value is beyond fp16's range (Gemma 3's residual stream reaches ~1e5; fp16 stops at
+  65504), per shard — loading casts every shard to bf16 if any is;
 - ``argmax`` [N] int32: the target's greedy prediction for the *next* position.
 Generation and capture run the model exactly as inference does (tandem's engine, then tandem's
 ``CausalLM`` over a paged batch in the inference dtype), so the features are the ones drafting will see.
@@ -29,6 +31,9 @@ from tqdm import tqdm
 from tandem.model.forward_batch import KVCache
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
 from tandem.model.transformer import CausalLM
+
+LOGITS_CHUNK_ELEMENTS = 1 << 25  # float32 logits materialised at once by capture (128 MiB)
+FP16_LIMIT = 65504.0  # the largest finite fp16 value
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,8 @@ class Dataset:
     tokens: torch.Tensor  # [N] int64
     offsets: list[int]  # S + 1
     prompt_lens: list[int]
-    final: torch.Tensor  # [N, H] fp16
-    aux: torch.Tensor  # [N, 3H] fp16
+    final: torch.Tensor  # [N, H] fp16 (bf16: see the module docstring)
+    aux: torch.Tensor  # [N, 3H] fp16 (bf16: see the module docstring)
     argmax: torch.Tensor  # [N] int64
     num_generated: int = -1  # samples [0, num_generated) are generated responses; the rest corpus text
 
@@ -118,11 +123,24 @@ def capture(
             start += nb
         batch = build_forward_batch(reqs, block_size, model.device)
         out = model(batch, kv, aux_hidden_layers=aux_layers)
-        finals.append(out.hidden_states.half())
-        auxes.append(torch.cat(out.aux_hidden_states, dim=-1).half())
-        for chunk in out.hidden_states.split(512):
+        finals.append(out.hidden_states.float())
+        auxes.append(torch.cat(out.aux_hidden_states, dim=-1).float())
+        # Logits a chunk of rows at a time: 512 rows of SmolLM2's 49k vocabulary, 128 of Gemma 3's 262k.
+        for chunk in out.hidden_states.split(min(512, max(1, LOGITS_CHUNK_ELEMENTS // a.vocab_size))):
             argmaxes.append(model.compute_logits(chunk).argmax(-1))
-    return torch.cat(finals), torch.cat(auxes), torch.cat(argmaxes)
+    return _stored(torch.cat(finals)), _stored(torch.cat(auxes)), torch.cat(argmaxes)
+
+
+def _stored(x: torch.Tensor) -> torch.Tensor:
+    """Features as stored: fp16, or bf16 where fp16 would overflow."""
+    return x.half() if x.numel() == 0 or float(x.abs().max()) < FP16_LIMIT else x.bfloat16()
+
+
+def _cat_features(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Shards' features in one tensor: bf16 if any shard needed it, else fp16."""
+    if len({t.dtype for t in parts}) > 1:
+        parts = [t.bfloat16() for t in parts]
+    return torch.cat(list(parts))
 
 
 def build_dataset(spec: DataSpec, work_dir: Path, prompts: list[str],
@@ -220,7 +238,7 @@ def load_dataset(files: Sequence[Path], corpus_files: Sequence[Path] = ()) -> Da
             num_generated = len(prompt_lens)
         base = offsets[-1]
         offsets += [base + int(o) for o in d["offsets"][1:].tolist()]
-    return Dataset(torch.cat(tokens), offsets, prompt_lens, torch.cat(finals), torch.cat(auxes),
+    return Dataset(torch.cat(tokens), offsets, prompt_lens, _cat_features(finals), _cat_features(auxes),
                    torch.cat(argmaxes), num_generated)
 
 

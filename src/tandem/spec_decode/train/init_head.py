@@ -2,6 +2,12 @@
 
 EAGLE / MTP start as a pass-through of their (normed) feature: zero output projections, an fc that copies
 the feature; EAGLE-3's attention starts as the last layer's projection on the hidden half of its input.
+
+The head is a Llama-style layer (the public EAGLE layouts') whatever the target's family, so a Gemma 3
+target's layer is translated: its zero-centred norm weights become gains (``norm_offset + w``), and its
+pre-MLP norm is ``pre_feedforward_layernorm`` (Gemma's ``post_attention_layernorm`` is the sandwich norm
+on the attention output, which the head has no place for). Its q/k norms and GELU have no counterpart
+either: the copied matrices are a starting point, not the target's layer.
 """
 
 from __future__ import annotations
@@ -10,21 +16,26 @@ import math
 
 import torch
 
+from tandem.model.model_args import ModelArgs
 from tandem.spec_decode.eagle_checkpoint import HeadConfig
 
 
-def init_tensors(cfg: HeadConfig, t: dict[str, torch.Tensor], num_layers: int, seed: int) -> dict[str, torch.Tensor]:
+def init_tensors(cfg: HeadConfig, t: dict[str, torch.Tensor], args: ModelArgs, seed: int) -> dict[str, torch.Tensor]:
     """Canonical head tensors from the target's last decoder layer; fc passes the feature through."""
     gen = torch.Generator().manual_seed(seed)
     h = cfg.hidden_size
-    last = f"model.layers.{num_layers - 1}."
+    last = f"model.layers.{args.num_hidden_layers - 1}."
 
     def get(name: str) -> torch.Tensor:
         return t[last + name].float().clone()
 
-    in_norm = get("input_layernorm.weight")
+    def gain(name: str) -> torch.Tensor:  # a norm weight as the gain the head multiplies by
+        return t[name].float() + args.norm_offset
+
+    in_norm = gain(last + "input_layernorm.weight")
+    mlp_norm = "pre_feedforward_layernorm.weight" if args.sandwich_norms else "post_attention_layernorm.weight"
     out: dict[str, torch.Tensor] = {
-        "post_attention_layernorm.weight": get("post_attention_layernorm.weight"),
+        "post_attention_layernorm.weight": gain(last + mlp_norm),
         "self_attn.o_proj.weight": get("self_attn.o_proj.weight"),
         "mlp.gate_proj.weight": get("mlp.gate_proj.weight"),
         "mlp.up_proj.weight": get("mlp.up_proj.weight"),
@@ -56,7 +67,7 @@ def init_tensors(cfg: HeadConfig, t: dict[str, torch.Tensor], num_layers: int, s
         out["fc.weight"] = torch.cat([small(h, h), eye], dim=1)
         out["enorm.weight"] = torch.ones(h)
         out["hnorm.weight"] = torch.ones(h)
-        out["norm.weight"] = t["model.norm.weight"].float().clone()
+        out["norm.weight"] = gain("model.norm.weight")
     else:
         # Attention reads [embedding, hidden]: the hidden half starts as the last layer's projection.
         for n in "qkv":
@@ -66,5 +77,5 @@ def init_tensors(cfg: HeadConfig, t: dict[str, torch.Tensor], num_layers: int, s
         out["hidden_norm.weight"] = in_norm.clone()
         n_aux = len(cfg.aux_layer_ids)
         out["fc.weight"] = torch.cat([small(h, h) for _ in range(n_aux - 1)] + [eye], dim=1)
-        out["norm.weight"] = t["model.norm.weight"].float().clone()
+        out["norm.weight"] = gain("model.norm.weight")
     return out

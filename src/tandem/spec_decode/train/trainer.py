@@ -174,7 +174,10 @@ def train_drafter(cfg: TrainConfig, progress: bool = True) -> TrainResult:
         from tandem.model.loader import load_tokenizer
 
         tok = load_tokenizer(cfg.target)
-        chunks = stdlib_source_chunks(tok.encode, cfg.corpus_tokens, cfg.corpus_chunk, cfg.seed)
+        # The BOS the tokenizer starts every text with (Gemma), if any, starts every chunk (corpus.py).
+        bos = [tok.bos_token_id] if tok.encode("x")[:1] == [tok.bos_token_id] else []
+        chunks = stdlib_source_chunks(lambda text: tok.encode(text, add_special_tokens=False), cfg.corpus_tokens,
+                                      cfg.corpus_chunk, cfg.seed, prefix=bos)
         cspec = CorpusSpec(cfg.target, cfg.corpus_tokens, cfg.corpus_chunk, cfg.seed, aux_ids)
         corpus_files = build_corpus(cspec, work, chunks)
     data = build_dataset(spec, work, prompts, corpus_files)
@@ -200,7 +203,7 @@ def train_drafter(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     resp = data.argmax[torch.cat([torch.arange(data.offsets[i] + data.prompt_lens[i] - 1, data.offsets[i + 1] - 1)
                                   for i in range(data.num_samples)])]
     log["draft_vocab_coverage"] = round(float((vocab_index[resp] >= 0).float().mean()), 4)
-    tensors = init_tensors(hcfg, ckpt.tensors, args.num_hidden_layers, cfg.seed)
+    tensors = init_tensors(hcfg, ckpt.tensors, args, cfg.seed)
     if cfg.method == "eagle3":
         lm_head: torch.Tensor = nn.Parameter(full_head[draft_ids].clone())
         draft_map: torch.Tensor | None = draft_ids
