@@ -51,18 +51,20 @@ def test_kernel_builds_and_is_the_default_backend() -> None:
 
 
 @needs_cc
-@pytest.mark.parametrize("head_dim", [64, 128, 80])
+@pytest.mark.parametrize("window", [0, 70])
+@pytest.mark.parametrize("head_dim", [64, 128, 80, 256])
 @pytest.mark.parametrize("layout", ["mixed", "decodes", "verifies", "long"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_head_size_matches_dense_reference(
-    head_dim: int, layout: str, dtype: torch.dtype
+    head_dim: int, layout: str, dtype: torch.dtype, window: int
 ) -> None:
-    """64 and 128 take the AVX-512 task where the CPU has it, else the AVX2 one; 80 the AVX2 task where the
-    CPU has AVX2 (else the portable one); lengths that are not multiples of 16 exercise the partial key
-    chunks."""
+    """64 and 128 take the AVX-512 task where the CPU has it, else the AVX2 one; 80 and 256 (Gemma 3) the AVX2
+    task where the CPU has AVX2 (else the portable one); lengths that are not multiples of 16 exercise the
+    partial key chunks; a window of 70 makes the long requests skip whole leading chunks and start others
+    part-way."""
     layouts = {**LAYOUTS, "long": [(200, 1), (37, 4), (130, 1), (16, 17), (0, 1)]}
     backend = PagedCpuBackend(dtype, short_query_max=17)
-    out, want = run_case(backend, layouts[layout], 8, 2, 16, dtype, seed=3, head_dim=head_dim)
+    out, want = run_case(backend, layouts[layout], 8, 2, 16, dtype, seed=3, head_dim=head_dim, window=window)
     diff = (out.double() - want).abs().max().item()
     assert diff < (1e-5 if dtype == torch.float32 else 3e-2), diff
 
@@ -160,11 +162,13 @@ def test_kernel_rejects_a_mismatched_library() -> None:
 
 
 @needs_cc
+@pytest.mark.parametrize("window", [0, 70])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_query_gives_the_same_bits_as_decode_verify_row_or_in_any_batch(dtype: torch.dtype) -> None:
+def test_a_query_gives_the_same_bits_as_decode_verify_row_or_in_any_batch(dtype: torch.dtype, window: int) -> None:
     """Keys are cut into chunks at fixed positions (KEY_CHUNK), never by batch, query count or threads:
     the verify rows of a request (here straddling a chunk boundary, and past two chunks) equal the
-    decodes of the same positions bit for bit, alone or beside other requests, at 1 or 2 threads."""
+    decodes of the same positions bit for bit, alone or beside other requests, at 1 or 2 threads. Under a
+    window the verify runs chunks its later rows see nothing of, and a decode alone skips them: same bits."""
     kernel = paged_attention_kernel()
     assert kernel is not None
     gen = torch.Generator().manual_seed(5)
@@ -177,11 +181,14 @@ def test_a_query_gives_the_same_bits_as_decode_verify_row_or_in_any_batch(dtype:
     def attend(q: torch.Tensor, lens: list[int], q_lens: list[int], tables: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
         starts = [sum(q_lens[:i]) for i in range(len(q_lens))]
-        ix = kernel.indices(tables, i64(*lens), i64(*range(len(lens))), i64(*starts), i64(*q_lens), q.shape[0])
+        ix = kernel.indices(tables, i64(*lens), i64(*range(len(lens))), i64(*starts), i64(*q_lens), q.shape[0],
+                            window)
         kernel(q, out, cache_k, cache_v, ix, hd**-0.5)
         return out
 
-    for context in (62, 150):  # rows at keys 63..66 (a chunk boundary); 151..154 (a third chunk)
+    # rows at keys 63..66 (a chunk boundary); 132..135 (under the window, row 0 still sees key 62 of the first
+    # chunk, rows 2 and 3 see none of it); 151..154 (a third chunk)
+    for context in (62, 131, 150):
         q = torch.randn(4, heads, hd, generator=gen).to(dtype)
         verify = attend(q, [context + 4], [4], table)
         other = torch.randn(1, heads, hd, generator=gen).to(dtype)

@@ -174,7 +174,7 @@ int tandem_decode_forward(
         if (rc != 0) break;
         rc = tandem_paged_attention(is_bf16, q, a, attn, a, (const void *)lp[7], (const void *)lp[8],
                                     num_blocks, block_size, block_tables, bt_stride, seq_lens, req, q_start,
-                                    q_len, num_reqs, heads, kv_heads, head_dim, scale, num_threads);
+                                    q_len, num_reqs, heads, kv_heads, head_dim, scale, 0, num_threads);
         if (rc != 0) break;
         rc = mlp_block(&s, lp, xf, attn, abuf, hbuf, gu, act);
         if (aux && aux[l])
@@ -216,7 +216,7 @@ int tandem_head_layer(
     if (rc == 0)
         rc = tandem_paged_attention(is_bf16, q, a, attn, a, (const void *)layer_ptrs[7], (const void *)layer_ptrs[8],
                                     num_blocks, block_size, block_tables, bt_stride, seq_lens, req, q_start,
-                                    q_len, num_reqs, heads, kv_heads, head_dim, scale, num_threads);
+                                    q_len, num_reqs, heads, kv_heads, head_dim, scale, 0, num_threads);
     if (rc == 0) rc = mlp_block(&s, layer_ptrs, xf, attn, abuf, hbuf, gu, act);
     if (rc == 0)
         for (int64_t i = 0; i < rows * hidden; i++) store_elem(x, i, xf[i], is_bf16);

@@ -9,7 +9,10 @@
  * (unnormalised sums, the running max and the softmax denominator) merged after all tasks ran.
  *
  * Semantics (the same as the torch backends, tandem/model/attention/base.py): query j of a request with
- * q_len queries and seq_len keys sits at position seq_len - q_len + j and sees keys 0 .. that position.
+ * q_len queries and seq_len keys sits at position seq_len - q_len + j and sees keys 0 .. that position; with
+ * a sliding window w > 0 only keys position - w + 1 .. position. Chunks wholly before query 0's window are
+ * not run at all (a decode at any length reads at most ceil(w / KEY_CHUNK) + 1 chunks), and a chunk a query
+ * sees nothing of adds nothing to its merge, so the bits stay those of the query attended alone.
  * Scores, softmax and the weighted sum accumulate in float32 for both storage dtypes; a bf16 result is
  * rounded to nearest-even once at the end. The chunk boundaries depend on key positions only — not on the
  * batch, the query count or the thread count — so a query's result is the same bits whether it is a
@@ -33,7 +36,7 @@
 #include <immintrin.h>
 #endif
 
-#define TANDEM_PAGED_ATTENTION_ABI 2
+#define TANDEM_PAGED_ATTENTION_ABI 3
 #define KEY_CHUNK 64 /* keys per task (a multiple of 16) */
 
 typedef struct {
@@ -47,6 +50,7 @@ typedef struct {
 typedef struct {
     int64_t kvh, q_start, ql, len, len16; /* the chunk's keys; len16: len rounded up to 16, p's row stride */
     int64_t vis0;                         /* keys of the chunk query row 0 sees, minus 1 (may be < 0) */
+    int64_t lo0;                          /* the first key of the chunk query row 0 sees (window; may be < 0) */
     const int64_t *rows;                  /* element offset of this head's K/V row for each key of the chunk */
     float *qf, *p, *mx, *sum;             /* [nq, head_dim] scaled queries, [nq, len16] scores, [nq] x 2 */
     float *partial;                       /* NULL: write the output; else [nq, head_dim + 2] partial results */
@@ -69,13 +73,16 @@ static inline int64_t query_elem(const Problem *pb, const Task *t, int64_t i, in
 }
 
 /* Softmax numerators of each query's scores over the chunk's keys it sees (query j of the request sees its
- * context + j + 1 keys); the rest get 0. Keeps each query's max and denominator for the merge. */
+ * context + j + 1 keys, from its window's start); the rest get 0. Keeps each query's max and denominator for
+ * the merge. */
 static void softmax_rows(const Problem *pb, Task *t, int64_t nq) {
     for (int64_t i = 0; i < nq; i++) {
         const int64_t visible = clamp64(t->vis0 + i / pb->group + 1, 0, t->len);
+        const int64_t lo = clamp64(t->lo0 + i / pb->group, 0, visible);
         float *pi = t->p + i * t->len16, m = -INFINITY, sum = 0.0f;
-        for (int64_t pos = 0; pos < visible; pos++) m = pi[pos] > m ? pi[pos] : m;
-        for (int64_t pos = 0; pos < visible; pos++) {
+        for (int64_t pos = lo; pos < visible; pos++) m = pi[pos] > m ? pi[pos] : m;
+        for (int64_t pos = 0; pos < lo; pos++) pi[pos] = 0.0f;
+        for (int64_t pos = lo; pos < visible; pos++) {
             pi[pos] = expf(pi[pos] - m);
             sum += pi[pos];
         }
@@ -322,25 +329,31 @@ int tandem_paged_attention_fast_path(int64_t head_dim) {
 /* q: [.., q_row_stride] rows; head h of row t starts at q + t * q_row_stride + h * head_dim.
  * out: same addressing with out_row_stride. k_cache / v_cache: [num_blocks, block_size, kv_heads, head_dim].
  * For group request r: batch row req[r] of block_tables ([*, bt_stride]) and seq_lens, query rows
- * q_start[r] .. q_start[r] + q_len[r]. Returns 0, or -1 when scratch memory could not be allocated. */
+ * q_start[r] .. q_start[r] + q_len[r]. window: 0, or the sliding window. Returns 0, or -1 when scratch memory
+ * could not be allocated. */
 int tandem_paged_attention(
     int is_bf16, const void *q, int64_t q_row_stride, void *out, int64_t out_row_stride,
     const void *k_cache, const void *v_cache, int64_t num_blocks, int64_t block_size,
     const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens,
     const int64_t *req, const int64_t *q_start, const int64_t *q_len, int64_t num_reqs,
-    int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int num_threads) {
+    int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int64_t window, int num_threads) {
     const Problem pb = {is_bf16, q, k_cache, v_cache, out, q_row_stride, out_row_stride,
                         head_dim, heads / kv_heads, scale};
     const int64_t max_keys = bt_stride * block_size, group = pb.group, stride = head_dim + 2;
     const int fast = tandem_paged_attention_fast_path(head_dim);
-    /* Per request: its keys, chunks, first task and the offset of its partial results (split ones only). */
-    int64_t *plan = malloc((size_t)(4 * num_reqs + 1) * sizeof(int64_t));
+    /* Per request: its keys, chunks run, first task, the offset of its partial results (split ones only) and
+     * its first chunk (past 0 only under a window). */
+    int64_t *plan = malloc((size_t)(5 * num_reqs + 1) * sizeof(int64_t));
     if (!plan) return -1;
-    int64_t *lens = plan, *nchunks = lens + num_reqs, *poff = nchunks + num_reqs, *first = poff + num_reqs;
+    int64_t *lens = plan, *nchunks = lens + num_reqs, *poff = nchunks + num_reqs, *chunk0 = poff + num_reqs;
+    int64_t *first = chunk0 + num_reqs;
     int64_t tasks = 0, partial_floats = 0;
     for (int64_t r = 0; r < num_reqs; r++) {
         lens[r] = clamp64(seq_lens[req[r]], 0, max_keys);
-        nchunks[r] = lens[r] > KEY_CHUNK ? (lens[r] + KEY_CHUNK - 1) / KEY_CHUNK : 1;
+        const int64_t start = window > 0 ? lens[r] - q_len[r] - window + 1 : 0; /* query 0's first key */
+        chunk0[r] = start > 0 ? start / KEY_CHUNK : 0;
+        nchunks[r] = (lens[r] > KEY_CHUNK ? (lens[r] + KEY_CHUNK - 1) / KEY_CHUNK : 1) - chunk0[r];
+        if (nchunks[r] < 1) nchunks[r] = 1, chunk0[r] = 0; /* malformed lengths: one chunk, as without */
         first[r] = tasks;
         tasks += kv_heads * nchunks[r];
         poff[r] = partial_floats;
@@ -363,10 +376,11 @@ int tandem_paged_attention(
                 if (first[mid] <= task) r = mid; else hi = mid;
             }
             const int64_t local = task - first[r], nch = nchunks[r], row = req[r];
-            const int64_t kvh = local / nch, c = local % nch, k0 = c * KEY_CHUNK;
+            const int64_t kvh = local / nch, c = local % nch, k0 = (chunk0[r] + c) * KEY_CHUNK;
             const int64_t len = lens[r] - k0 < KEY_CHUNK ? lens[r] - k0 : KEY_CHUNK; /* one chunk: every key */
+            const int64_t lo0 = window > 0 ? lens[r] - q_len[r] - window + 1 - k0 : INT64_MIN / 4;
             Task t = {kvh, q_start[r], q_len[r], len, (len + 15) / 16 * 16, lens[r] - q_len[r] - k0,
-                      0, 0, 0, 0, 0, 0};
+                      lo0, 0, 0, 0, 0, 0, 0};
             const int64_t nq = t.ql * group;
             if (nch > 1) t.partial = partial + poff[r] + (kvh * nch + c) * nq * stride;
             const size_t floats = (size_t)(nq * head_dim * 2 + head_dim + 2 * nq + nq * t.len16);
@@ -415,7 +429,7 @@ int tandem_paged_attention(
             for (int64_t pair = 0; pair < num_reqs * kv_heads; pair++) {
                 const int64_t r = pair / kv_heads, kvh = pair % kv_heads, nch = nchunks[r];
                 if (nch == 1 || !acc) continue;
-                const Task t = {kvh, q_start[r], q_len[r], 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                const Task t = {kvh, q_start[r], q_len[r], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
                 const int64_t nq = q_len[r] * group;
                 const float *base = partial + poff[r] + kvh * nch * nq * stride;
                 for (int64_t i = 0; i < nq; i++)

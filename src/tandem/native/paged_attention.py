@@ -14,14 +14,15 @@ import torch
 
 from tandem import native
 
-_ABI = 2
+_ABI = 3
 _c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
 _ARGTYPES = [
     ctypes.c_int, _c_ptr, _c_i64, _c_ptr, _c_i64,  # is_bf16, q, q_row_stride, out, out_row_stride
     _c_ptr, _c_ptr, _c_i64, _c_i64,  # k_cache, v_cache, num_blocks, block_size
     _c_ptr, _c_i64, _c_ptr,  # block_tables, bt_stride, seq_lens
     _c_ptr, _c_ptr, _c_ptr, _c_i64,  # req, q_start, q_len, num_reqs
-    _c_i64, _c_i64, _c_i64, ctypes.c_float, ctypes.c_int,  # heads, kv_heads, head_dim, scale, threads
+    _c_i64, _c_i64, _c_i64, ctypes.c_float,  # heads, kv_heads, head_dim, scale
+    _c_i64, ctypes.c_int,  # window (0: none), threads
 ]
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -37,6 +38,7 @@ class PagedAttentionIndices:
     q_start: torch.Tensor  # [n] int64 first query row of each
     q_len: torch.Tensor  # [n] int64 query rows of each
     num_rows: int  # T, the query rows of the forward
+    window: int = 0  # a sliding window (each query sees its last ``window`` positions); 0 = none
 
     @property
     def num_reqs(self) -> int:
@@ -61,6 +63,7 @@ class PagedAttentionKernel:
         q_start: torch.Tensor | list[int],
         q_len: torch.Tensor | list[int],
         num_rows: int,
+        window: int = 0,
     ) -> PagedAttentionIndices:
         """``block_tables`` ``[B, W]`` and ``seq_lens`` ``[B]`` (exact lengths) index batch rows;
         ``req``/``q_start``/``q_len`` ``[n]`` name the requests to attend (batch row, first query row,
@@ -95,7 +98,9 @@ class PagedAttentionKernel:
                 raise ValueError(f"paged attention kernel: query rows outside [0, {num_rows})")
             if lo < 0 or hi >= min(block_tables.shape[0], seq_lens.shape[0]):
                 raise ValueError("paged attention kernel: req names a row outside the tables")
-        return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows)
+        if window < 0:
+            raise ValueError(f"paged attention kernel: window must be >= 0, got {window}")
+        return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows, window)
 
     def __call__(
         self,
@@ -119,7 +124,7 @@ class PagedAttentionKernel:
             k_cache.data_ptr(), v_cache.data_ptr(), num_blocks, block_size,
             bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(),
             ix.req.data_ptr(), ix.q_start.data_ptr(), ix.q_len.data_ptr(), ix.num_reqs,
-            heads, kv_heads, head_dim, scale, torch.get_num_threads(),
+            heads, kv_heads, head_dim, scale, ix.window, torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("paged attention kernel could not allocate its scratch memory")

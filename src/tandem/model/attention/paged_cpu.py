@@ -9,8 +9,8 @@ their output rows. Prefill chunks keep SDPA (:class:`SdpaBackend`'s long-query p
 there.
 
 Falls back to :class:`SdpaBackend` entirely when the kernel is unavailable (no compiler,
-``TANDEM_NATIVE=0``), for other dtypes, for tensors off the CPU, and for sliding-window layers (the kernel has
-no window yet).
+``TANDEM_NATIVE=0``), for other dtypes, and for tensors off the CPU. Sliding-window layers take the kernel too
+(it skips the key chunks before a request's window).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class PagedCpuBackend(SdpaBackend):
         return self._kernel if self._supported else None
 
     def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> object:
-        if batch.block_tables.device.type != "cpu" or self.kernel is None or window:
+        if batch.block_tables.device.type != "cpu" or self.kernel is None:
             return super().build_metadata(batch, block_size, window)
         qsl = batch.query_start_loc
         short: list[int] = []
@@ -71,7 +71,7 @@ class PagedCpuBackend(SdpaBackend):
             if qsl[i + 1] - qsl[i] <= self.short_query_max:
                 short.append(i)
             else:
-                longs.append(self._long_query(batch, i, block_size))
+                longs.append(self._long_query(batch, i, block_size, window))
         ix = None
         if short:
             assert self.kernel is not None
@@ -85,6 +85,7 @@ class PagedCpuBackend(SdpaBackend):
                 [qsl[i] for i in short],
                 [qsl[i + 1] - qsl[i] for i in short],
                 batch.num_tokens,
+                window,
             )
         return PagedCpuMetadata(batch.slot_mapping, batch.num_tokens, ix, tuple(longs))
 
