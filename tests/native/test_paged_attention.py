@@ -221,3 +221,18 @@ def test_host_list_indices_are_checked_like_tensors() -> None:
         kernel.indices(tables, lens, [0, 1], [0], [1, 1], num_rows=2)
     ix = kernel.indices(tables, lens, [0, 1], [0, 1], [1, 1], num_rows=2)
     assert ix.req.dtype == torch.int64 and ix.q_len.tolist() == [1, 1] and ix.num_reqs == 2
+
+
+@needs_cc
+@pytest.mark.parametrize("isa", native.runnable_isas())
+@pytest.mark.parametrize("head_dim", [64, 80, 256])
+def test_every_isa_variant_matches_dense_reference_with_and_without_a_window(isa: str, head_dim: int) -> None:
+    """The portable, AVX2 and (where the CPU has it) AVX-512 builds of the kernel, each checked, so a machine
+    of any kind tests the variant another kind runs."""
+    lib = native.load("paged_attention", isa)
+    assert lib is not None
+    layout = [(200, 1), (37, 4), (130, 1), (16, 17), (0, 1), (70, 3)]
+    for window in (0, 70):
+        backend = PagedCpuBackend(torch.float32, short_query_max=17, kernel=PagedAttentionKernel(lib))
+        out, want = run_case(backend, layout, 8, 2, 16, torch.float32, seed=4, head_dim=head_dim, window=window)
+        assert (out.double() - want).abs().max().item() < 1e-5, (isa, head_dim, window)
