@@ -31,6 +31,8 @@ class NewRequestData:
     seed: int
     block_ids: list[int]
     num_computed_tokens: int  # tokens already in KV (prefix-cache hit) before this step
+    # KV cache groups 1.. of a sliding-window model (core/kv_cache_manager.py); empty otherwise.
+    group_block_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class CachedRequestData:
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int  # the scheduler's logical frontier before this step (may include drafts)
+    # Blocks appended to groups 1.. (entries a window group released stay in the runner's table: never read).
+    new_group_block_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

@@ -7,6 +7,7 @@
 | spec_token_ids            | drafts for the next verify; -1 while on the device   | scheduler (set / clear)            |
 | num_computed_tokens (C)   | logical frontier, includes in-flight work            | scheduler (+n, -rejected, -trim)   |
 | block_ids                 | KV blocks holding this request's cache               | KVCacheManager                     |
+|   (+ group_block_ids)     | (the same for KV cache groups 1.. of a windowed model)|                                   |
 
 Invariants (``check_invariants``; docs/SEMANTICS.md §2):
 - PH >= 0; 0 <= C <= num_tokens + PH; C - PH <= num_tokens (the confirmed frontier never runs ahead of
@@ -98,7 +99,8 @@ class Request:
         self.num_output_placeholders = 0
         self.spec_token_ids: list[int] = []
         self.num_computed_tokens = 0
-        self.block_ids: list[int] = []  # written only by KVCacheManager
+        self.block_ids: list[int] = []  # written only by KVCacheManager (KV cache group 0)
+        self.group_block_ids: list[list[int]] = []  # groups 1.. (sliding-window models); same writer
         # Steps in flight, oldest first: PH is exactly the sum of their placeholders (checked).
         self.inflight: deque[InFlightStep] = deque()
 
@@ -191,7 +193,7 @@ class Request:
         if self.max_model_len is not None and self.num_tokens > self.max_model_len:
             fail(f"num_tokens {self.num_tokens} exceeds max_model_len {self.max_model_len}")
         if self.is_finished:
-            if self.block_ids or ph or self.spec_token_ids or self.inflight:
+            if self.block_ids or self.group_block_ids or ph or self.spec_token_ids or self.inflight:
                 fail("finished request still holds blocks, placeholders or drafts")
             return
         if self.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):

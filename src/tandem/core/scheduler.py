@@ -49,11 +49,15 @@ class Scheduler:
         enable_prefix_caching: bool = True,
         num_speculative_tokens: int = 0,
         num_lookahead_tokens: int = 0,
+        kv_group_windows: tuple[int, ...] = (0,),
     ) -> None:
-        if max_model_len > num_kv_blocks * block_size:
+        self.kv = KVCacheManager(num_kv_blocks, block_size, enable_prefix_caching, kv_group_windows,
+                                 lookback=num_speculative_tokens + 1)
+        if self.kv.blocks_for_request(max_model_len) > self.kv.num_blocks:
             raise ValueError(
                 f"max_model_len ({max_model_len}) is larger than the KV cache can hold "
-                f"({num_kv_blocks} blocks x {block_size} = {num_kv_blocks * block_size} tokens): one "
+                f"({self.kv.num_blocks} blocks of {block_size} tokens; a request of max_model_len tokens needs "
+                f"{self.kv.blocks_for_request(max_model_len)}): one "
                 "request could never finish; lower max_model_len or raise kv_cache_memory / num_kv_blocks"
             )
         self.max_num_seqs = max_num_seqs
@@ -61,7 +65,6 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.num_spec_tokens = num_speculative_tokens
         self.num_lookahead_tokens = num_lookahead_tokens
-        self.kv = KVCacheManager(num_kv_blocks, block_size, enable_prefix_caching)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -83,7 +86,7 @@ class Scheduler:
                 f"prompt is {req.num_prompt_tokens} tokens; max_model_len is {self.max_model_len} "
                 "(the prompt plus at least one output token must fit)"
             )
-        need = self.kv.blocks_needed(req.num_prompt_tokens + 1)
+        need = self.kv.blocks_for_request(req.num_prompt_tokens + 1)
         if need > self.kv.num_blocks:
             raise ValueError(
                 f"prompt of {req.num_prompt_tokens} tokens needs {need} KV blocks but the whole KV cache "
@@ -119,7 +122,7 @@ class Scheduler:
         spec_tokens: dict[str, list[int]] = {}
         new_reqs: list[NewRequestData] = []
         cached_reqs: list[CachedRequestData] = []
-        blocks_before: dict[str, int] = {}
+        blocks_before: dict[str, tuple[int, list[int]]] = {}  # group 0's length, then groups 1..
         preempted_now = False
 
         i = 0
@@ -135,10 +138,13 @@ class Scheduler:
             if n_new <= 0:
                 i += 1
                 continue
-            blocks_before[req.request_id] = len(req.block_ids)
+            blocks_before[req.request_id] = (len(req.block_ids), [len(g) for g in req.group_block_ids])
             while not self.kv.allocate_slots(
                 req, n_new, num_lookahead_tokens=self.num_lookahead_tokens
             ):
+                if n_new > self.block_size and to_end > 1:  # mid-prefill: a smaller chunk first
+                    n_new = max(self.block_size, n_new // 2)
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted_now = True
@@ -163,7 +169,13 @@ class Scheduler:
             else:
                 hits, num_hit = [], 0
             n_new = min(req.num_tokens - num_hit, budget)
-            if not self.kv.allocate_slots(req, n_new, hits, self.num_lookahead_tokens):
+            fits = self.kv.allocate_slots(req, n_new, hits, self.num_lookahead_tokens)
+            # Alone, a request must still get going: with window groups a long prefill chunk needs every
+            # block of the chunk at once, so a smaller chunk fits where the whole prompt does not.
+            while not fits and not self.running and n_new > self.block_size:
+                n_new = max(self.block_size, n_new // 2)
+                fits = self.kv.allocate_slots(req, n_new, hits, self.num_lookahead_tokens)
+            if not fits:
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
             req.num_computed_tokens = num_hit
@@ -184,15 +196,18 @@ class Scheduler:
                     seed=req.seed,
                     block_ids=list(req.block_ids),
                     num_computed_tokens=num_hit,
+                    group_block_ids=[list(g) for g in req.group_block_ids],
                 )
             )
 
         new_ids = {nr.req_id for nr in new_reqs}
-        for rid, before in blocks_before.items():
+        for rid, (before, group_before) in blocks_before.items():
             if rid in num_scheduled and rid not in new_ids:
                 req = self.requests[rid]
+                new_groups = [g[n:] for g, n in zip(req.group_block_ids, group_before)]
+                new_groups += [list(g) for g in req.group_block_ids[len(group_before):]]
                 cached_reqs.append(
-                    CachedRequestData(rid, req.block_ids[before:], req.num_computed_tokens)
+                    CachedRequestData(rid, req.block_ids[before:], req.num_computed_tokens, new_groups)
                 )
 
         self._step_id += 1

@@ -19,6 +19,7 @@ from tandem.async_decision import (
 )
 from tandem.config import EngineConfig
 from tandem.core.async_scheduler import AsyncScheduler
+from tandem.core.kv_cache_manager import kv_cache_groups, request_capacity
 from tandem.core.scheduler import Scheduler
 from tandem.engine.core import EngineCore
 from tandem.executor import get_executor_class
@@ -115,15 +116,18 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
     # Every rank's slices (raises naming a dimension that cannot be split); the KV cache budget is
     # per rank and rank 0 holds the most KV heads.
     shard = ShardPlan.all_ranks(args, tp)[0]
+    # A block is a page of every layer position of one KV cache group (core/kv_cache_manager.py).
+    groups = kv_cache_groups(args.layer_windows, args.num_hidden_layers)
     bpb = KVCache.bytes_per_block(
-        args.num_hidden_layers,
+        max(len(layers) for _, layers in groups),
         config.cache.block_size,
         shard.num_kv_heads,
         args.head_dim,
         DTYPES[config.model.resolved_dtype()],
     )
     num_blocks = config.cache.num_blocks_for(bpb)
-    capacity = num_blocks * config.cache.block_size
+    k = config.speculative.num_speculative_tokens if config.speculative else 0
+    capacity = request_capacity(num_blocks, config.cache.block_size, tuple(w for w, _ in groups), k + 1)
     model_len = args.max_position_embeddings
     if config.model.max_model_len is not None:
         if config.model.max_model_len > model_len:
@@ -134,7 +138,8 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
         if config.model.max_model_len > capacity:
             raise ValueError(
                 f"max_model_len ({config.model.max_model_len}) is larger than the KV cache can hold "
-                f"({num_blocks} blocks x {config.cache.block_size} = {capacity} tokens); raise "
+                f"({num_blocks} blocks of {config.cache.block_size} tokens hold one request of {capacity} "
+                "tokens at most); raise "
                 "kv_cache_memory / num_kv_blocks or lower max_model_len"
             )
         max_model_len = config.model.max_model_len
@@ -253,6 +258,7 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         enable_prefix_caching=config.cache.enable_prefix_caching,
         num_speculative_tokens=k,
         num_lookahead_tokens=lookahead,
+        kv_group_windows=tuple(w for w, _ in kv_cache_groups(plan.args.layer_windows, plan.args.num_hidden_layers)),
     )
     core = EngineCore(
         scheduler,

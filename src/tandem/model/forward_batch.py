@@ -38,6 +38,10 @@ class ForwardBatch:
     # (deferred reconciliation: the previous step's accepted counts are not on the host yet). Then
     # ``seq_lens`` holds those upper bounds; such requests always have short queries (1 + drafts).
     seq_lens_dev: torch.Tensor | None = None
+    # KV cache groups 1.. of a sliding-window model (core/kv_cache_manager.py): their block tables and slot
+    # mappings, like the two above (which are group 0's). Empty: every layer uses the two above.
+    group_block_tables: list[torch.Tensor] = field(default_factory=list)
+    group_slot_mappings: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -76,7 +80,10 @@ class ForwardBatch:
 
 @dataclass
 class KVCache:
-    """Per-layer K and V tensors of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+    """Per-layer K and V tensors of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+
+    With KV cache groups (a sliding-window model, core/kv_cache_manager.py) layers share tensors: the layer at
+    position ``j`` of its group uses tensor ``j``, and its group's block table says which pages are its."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
@@ -91,12 +98,14 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        layer_tensor: list[int] | None = None,
     ) -> KVCache:
+        """``layer_tensor[i]``: the tensor layer ``i`` uses (default: one of its own)."""
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        return cls(
-            k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
-            v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
-        )
+        index = layer_tensor if layer_tensor is not None else list(range(num_layers))
+        ks = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(max(index) + 1)]
+        vs = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(max(index) + 1)]
+        return cls(k=[ks[i] for i in index], v=[vs[i] for i in index])
 
     @staticmethod
     def bytes_per_block(

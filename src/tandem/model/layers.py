@@ -49,10 +49,11 @@ class LayerContext:
     rotations: torch.Tensor  # [T, 1, head_dim // 2] complex, RoPE rotation of each token's position
     attn_metadata: Any  # the backend's per-forward metadata
     eps_root: torch.Tensor  # scalar sqrt(hidden * rms_norm_eps) in the model dtype, see unit_rms
-    # Sliding-window layers (ModelArgs.layer_windows): their rotations (their own RoPE base) and their
-    # metadata (the window's mask); the global ones where the model has none.
+    # Sliding-window layers (ModelArgs.layer_windows): their rotations (their own RoPE base); the global ones
+    # where the model has none.
     local_rotations: torch.Tensor | None = None
-    local_metadata: Any = None
+    # Attention metadata of KV cache groups 1.. (core/kv_cache_manager.py; group 0's is attn_metadata).
+    group_metadata: tuple[Any, ...] = ()
 
 
 def _param(t: torch.Tensor | None) -> nn.Parameter | None:
@@ -75,6 +76,7 @@ class DecoderLayer(nn.Module):
         shard: ShardPlan | None = None,
         comm: Communicator = SINGLE_RANK,
         index: int = 0,
+        kv_group: int = 0,
     ) -> None:
         super().__init__()
         # Under tensor parallelism this rank's heads and intermediate slice (model/parallel.py).
@@ -85,6 +87,7 @@ class DecoderLayer(nn.Module):
         self.eps = args.rms_norm_eps
         self.scale = args.attention_scale
         self.sliding = args.window(index) > 0
+        self.kv_group = kv_group  # the KV cache group whose block table this layer's pages follow
         self.gelu = args.hidden_act == "gelu_tanh"
         self.backend = backend
         self.linear = linear
@@ -144,6 +147,6 @@ class DecoderLayer(nn.Module):
         local = self.sliding and ctx.local_rotations is not None
         qk = apply_rope(qk, ctx.local_rotations if local else ctx.rotations)
         v = qkv[:, (heads + kv_heads) * hd :].view(t, kv_heads, hd)
-        meta = ctx.local_metadata if self.sliding and ctx.local_metadata is not None else ctx.attn_metadata
+        meta = ctx.group_metadata[self.kv_group - 1] if self.kv_group else ctx.attn_metadata
         out = self.backend.forward(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, meta, self.scale)
         return out.reshape(t, heads * hd)

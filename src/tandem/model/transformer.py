@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import nn
 
+from tandem.core.kv_cache_manager import kv_cache_groups, layer_placement
 from tandem.distributed.communicator import SINGLE_RANK, Communicator
 from tandem.model.attention import (
     AttentionBackend,
@@ -75,8 +77,13 @@ class CausalLM(nn.Module):
             if weights.lm_head is None
             else frozen_weight(weights.lm_head)
         )
+        # KV cache groups (core/kv_cache_manager.py): one for most models; Gemma 3's global layers, then its
+        # window layers in runs of as many.
+        self.kv_groups = kv_cache_groups(args.layer_windows, args.num_hidden_layers)
+        self.layer_group, self.layer_tensor = layer_placement(self.kv_groups, args.num_hidden_layers)
         self.layers = nn.ModuleList(
-            DecoderLayer(args, lw, backend, linear, self.shard, comm, i) for i, lw in enumerate(weights.layers)
+            DecoderLayer(args, lw, backend, linear, self.shard, comm, i, self.layer_group[i])
+            for i, lw in enumerate(weights.layers)
         )
         self.norm = nn.Parameter(weights.norm, requires_grad=False)
         inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling)
@@ -191,19 +198,18 @@ class CausalLM(nn.Module):
                 f"seq_lens reach {max(batch.seq_lens)} tokens, beyond the model's "
                 f"max_position_embeddings ({self.rope_table.shape[0]})"
             )
-        batch.attn_metadata = self.attn_backend.build_metadata(batch, kv_cache.block_size)
+        bs = kv_cache.block_size
+        batch.attn_metadata = self.attn_backend.build_metadata(batch, bs, self.kv_groups[0][0])
         ctx = LayerContext(
             self.rope_table[batch.positions].unsqueeze(1), batch.attn_metadata, self.eps_root
         )
         if self.local_rope_table is not None:
-            windows = {w for w in self._args.layer_windows if w}
-            if len(windows) != 1:
-                raise ValueError(f"one sliding-window size per model is supported, got {sorted(windows)}")
-            ctx = replace(
-                ctx,
-                local_rotations=self.local_rope_table[batch.positions].unsqueeze(1),
-                local_metadata=self.attn_backend.build_metadata(batch, kv_cache.block_size, windows.pop()),
-            )
+            ctx = replace(ctx, local_rotations=self.local_rope_table[batch.positions].unsqueeze(1))
+        if len(self.kv_groups) > 1:
+            if not batch.group_block_tables and len({t.data_ptr() for t in kv_cache.k}) < self.num_layers:
+                raise ValueError("kv_cache shares tensors between KV cache groups: the batch must carry "
+                                 "every group's block tables (group_block_tables)")
+            ctx = replace(ctx, group_metadata=tuple(self._group_metadata(batch, bs)))
         x = self.embed(batch.input_ids)
         native = self._native_decode()
         if native is not None and native.applies(batch):
@@ -217,6 +223,20 @@ class CausalLM(nn.Module):
             aux = [captured[i] for i in aux_hidden_layers]
         hidden = unit_rms(x, self.eps_root) * self.norm
         return ModelOutput(hidden, aux)
+
+    def _group_metadata(self, batch: ForwardBatch, block_size: int) -> list[Any]:
+        """Attention metadata of KV cache groups 1..: the batch through each group's block table and slots
+        (the worker's batches carry them); a batch without them (tests, drafters on their own caches, where
+        every layer has a tensor of its own) uses group 0's for every group."""
+        tables, slots = batch.group_block_tables, batch.group_slot_mappings
+        if tables and len(tables) != len(self.kv_groups) - 1:
+            raise ValueError(f"batch has block tables for {len(tables) + 1} KV cache groups, model {len(self.kv_groups)}")
+        out = []
+        for g, (window, _) in enumerate(self.kv_groups[1:]):
+            view = batch if not tables else replace(batch, block_tables=tables[g], slot_mapping=slots[g],
+                                                    attn_metadata=None, group_block_tables=[], group_slot_mappings=[])
+            out.append(self.attn_backend.build_metadata(view, block_size, window))
+        return out
 
     def _native_decode(self) -> NativeDecode | None:
         if not self._native_resolved:

@@ -18,7 +18,8 @@ import torch
 
 class DeviceState:
     def __init__(
-        self, max_reqs: int, max_model_len: int, max_blocks: int, k: int, device: torch.device
+        self, max_reqs: int, max_model_len: int, max_blocks: int, k: int, device: torch.device,
+        num_groups: int = 1,
     ) -> None:
         self.device = device
         self.width = max_model_len + k + 2  # room for a verify's k + 1 tokens; last column = trash
@@ -28,12 +29,15 @@ class DeviceState:
         self.num_computed = torch.zeros(max_reqs, dtype=torch.int64, device=device)
         self.drafts = torch.full((max_reqs, max(k, 1)), -1, dtype=torch.int64, device=device)
         self.block_table = torch.zeros(max_reqs, max_blocks, dtype=torch.int64, device=device)
+        # KV cache groups 1.. of a sliding-window model: one more table each (core/kv_cache_manager.py).
+        self.group_block_tables = [torch.zeros_like(self.block_table) for _ in range(num_groups - 1)]
         self.max_model_len = max_model_len
         self._free = list(range(max_reqs - 1, -1, -1))
         self.slot_of: dict[str, int] = {}
 
     # -- slots -------------------------------------------------------------------------------------------
-    def add(self, req_id: str, tokens: list[int], num_computed: int, block_ids: list[int]) -> int:
+    def add(self, req_id: str, tokens: list[int], num_computed: int, block_ids: list[int],
+            group_block_ids: list[list[int]] | None = None) -> int:
         if not self._free:
             raise RuntimeError("device state is full: more live requests than max_num_seqs allows")
         if len(tokens) > self.max_model_len:
@@ -46,6 +50,8 @@ class DeviceState:
         self.num_computed[slot] = num_computed
         self.drafts[slot] = -1
         self.set_blocks(slot, 0, block_ids)
+        for g, ids in enumerate(group_block_ids or []):
+            self.set_blocks(slot, 0, ids, group=g + 1)
         return slot
 
     def remove(self, req_id: str) -> None:
@@ -53,13 +59,14 @@ class DeviceState:
         if slot is not None:
             self._free.append(slot)
 
-    def set_blocks(self, slot: int, start: int, block_ids: list[int]) -> None:
+    def set_blocks(self, slot: int, start: int, block_ids: list[int], group: int = 0) -> None:
         if not block_ids:
             return
-        if start + len(block_ids) > self.block_table.shape[1]:
+        table = self.block_table if group == 0 else self.group_block_tables[group - 1]
+        if start + len(block_ids) > table.shape[1]:
             raise RuntimeError("block table row overflow")
         ids = torch.tensor(block_ids, dtype=torch.int64).to(self.device, non_blocking=True)
-        self.block_table[slot, start : start + len(block_ids)] = ids
+        table[slot, start : start + len(block_ids)] = ids
 
     # -- after a step (device ops only) --------------------------------------------------------------------
     def commit(

@@ -135,13 +135,16 @@ def prepare_inputs(
     history = dev.tokens[row_slot_t, positions.clamp(max=dev.trash)]
     drafts = dev.drafts[row_slot_t, row_draft_t.clamp(min=0)]
     ids = torch.where(row_draft_t >= 0, drafts, history).clamp(min=0)
-    blocks = dev.block_table[row_slot_t, torch.div(positions, block_size, rounding_mode="floor")]
-    slot_mapping = blocks * block_size + positions % block_size
+    block_col = torch.div(positions, block_size, rounding_mode="floor")
+    slot_in_block = positions % block_size
+    slot_mapping = dev.block_table[row_slot_t, block_col] * block_size + slot_in_block
     width = max(-(-s // block_size) for s in seq_lens)
     batch = ForwardBatch(
         input_ids=ids,
         positions=positions,
         slot_mapping=slot_mapping,
+        group_block_tables=[t.index_select(0, slots_t)[:, :width] for t in dev.group_block_tables],
+        group_slot_mappings=[t[row_slot_t, block_col] * block_size + slot_in_block for t in dev.group_block_tables],
         block_tables=dev.block_table.index_select(0, slots_t)[:, :width],
         query_start_loc=qsl,
         seq_lens=seq_lens,

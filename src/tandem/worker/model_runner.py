@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
+from tandem.core.kv_cache_manager import kv_cache_groups
 from tandem.model.forward_batch import KVCache
 from tandem.model.transformer import CausalLM
 from tandem.sample import RejectionSampler, RowSpec, Sampler, SamplingMetadata
@@ -68,7 +69,8 @@ class ModelRunner:
         self.states: dict[str, RequestState] = {}
         max_blocks = -(-(max_model_len + self.k + 1) // self.block_size)
         # Room for requests the scheduler already finished but whose removal arrives with a later step.
-        self.dev = DeviceState(2 * max_num_seqs + 2, max_model_len, max_blocks, self.k, self.device)
+        self.dev = DeviceState(2 * max_num_seqs + 2, max_model_len, max_blocks, self.k, self.device,
+                               num_groups=len(kv_cache_groups(model.args.layer_windows, model.num_layers)))
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler(self.sampler)
         self._pending: PendingStep | None = None  # deferred: the last step not reconciled yet
@@ -88,11 +90,17 @@ class ModelRunner:
             if self.structured is not None:  # a resumed request replays its committed outputs
                 self.structured.add_request(nr.req_id, nr.sampling_params, nr.output_token_ids)
             self.states[nr.req_id] = st
-            self.dev.add(nr.req_id, st.all_tokens(), nr.num_computed_tokens, st.block_ids)
+            self.dev.add(nr.req_id, st.all_tokens(), nr.num_computed_tokens, st.block_ids, st.group_block_ids)
         for cr in so.scheduled_cached_reqs:
             st = self.states[cr.req_id]
-            self.dev.set_blocks(self.dev.slot_of[cr.req_id], len(st.block_ids), cr.new_block_ids)
+            slot = self.dev.slot_of[cr.req_id]
+            self.dev.set_blocks(slot, len(st.block_ids), cr.new_block_ids)
             st.block_ids.extend(cr.new_block_ids)
+            for g, new in enumerate(cr.new_group_block_ids):
+                if g == len(st.group_block_ids):
+                    st.group_block_ids.append([])
+                self.dev.set_blocks(slot, len(st.group_block_ids[g]), new, group=g + 1)
+                st.group_block_ids[g].extend(new)
 
     # -- one step ----------------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -25,6 +25,7 @@ class RequestState:
     block_ids: list[int]
     num_computed_tokens: int  # true frontier: tokens whose KV is written and valid
     drafts: list[int] = field(default_factory=list)  # proposed last step, verified next step
+    group_block_ids: list[list[int]] = field(default_factory=list)  # KV cache groups 1.. (windowed models)
     prompt_logprobs_done: int = 0  # prompt positions whose logprobs were already returned
     # Proposer-private state (e.g. a draft model's own frontier, EAGLE's last hidden state).
     proposer_state: dict[str, object] = field(default_factory=dict)
@@ -39,6 +40,7 @@ class RequestState:
             seed=nr.seed,
             block_ids=list(nr.block_ids),
             num_computed_tokens=nr.num_computed_tokens,
+            group_block_ids=[list(g) for g in nr.group_block_ids],
         )
 
     @property

@@ -64,6 +64,7 @@ def build_runner(
         args.head_dim,
         spec.dtype,
         device,
+        layer_tensor=model.layer_tensor,  # KV cache groups share tensors (core/kv_cache_manager.py)
     )
     proposer = None
     if cfg.speculative is not None:
