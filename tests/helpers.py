@@ -76,3 +76,34 @@ def collect_failures(core, limit_s: float) -> tuple[dict[str, str], float]:
             if out.finish_reason == "error":
                 failed[out.req_id] = out.error or ""
     return failed, time.monotonic() - t0
+
+
+def spec_equals_reference(reference: Sequence, prompts: Sequence, params, *, label: str, min_identical: int,
+                          inspect=None, **llm_kwargs) -> dict[bool, dict]:
+    """Run ``prompts`` through ``LLM(**llm_kwargs)`` (a speculative config among them) with async scheduling off,
+    then on: every output equals ``reference`` (completions of a no-spec run, with logprobs) or diverges at a
+    proven near-tie, at least ``min_identical`` are identical, drafts were made, per-request draft counts add
+    up to the engine's, and everything is free after each run. ``inspect(llm)`` may check the engine first.
+    Returns the engine's speculative-decoding stats per async mode (acceptance must not depend on it: the
+    caller compares them)."""
+    from tandem import LLM
+
+    stats = {}
+    for async_on in (False, True):
+        llm = LLM(async_scheduling=async_on, debug_invariants=True, **llm_kwargs)
+        assert llm.async_scheduling.resolved is async_on
+        if inspect is not None:
+            inspect(llm)
+        outs = llm.generate(list(prompts), params, use_tqdm=False)
+        identical = sum(
+            assert_greedy_match(r.token_ids, r.logprobs, o.outputs[0].token_ids, label=f"{label} async {async_on} #{i}")
+            for i, (r, o) in enumerate(zip(reference, outs))
+        )
+        assert identical >= min_identical, f"{label}: {identical} identical"
+        stats[async_on] = llm.spec_decode_stats()
+        assert stats[async_on]["num_drafts"] > 0
+        assert sum(o.outputs[0].spec_decode.num_draft_tokens for o in outs) == stats[async_on]["num_draft_tokens"]
+        sched = llm.engine.core.scheduler
+        assert sched.kv.all_free() and not sched.requests
+        llm.shutdown()
+    return stats

@@ -11,7 +11,7 @@ import pytest
 
 from tandem import LLM, SamplingParams
 from tandem.spec_decode.shipped import SHIPPED, SHIPPED_DIR
-from tests.helpers import assert_greedy_match, humaneval_prompts
+from tests.helpers import humaneval_prompts, spec_equals_reference
 
 pytestmark = pytest.mark.slow
 
@@ -37,19 +37,7 @@ def reference() -> list:
 def test_shipped_drafter_equals_no_spec(reference: list, method: str) -> None:
     if not _shipped(method):
         pytest.skip(f"no shipped {method} drafter")
-    stats = {}
-    for async_on in (False, True):
-        llm = LLM(max_num_seqs=8, async_scheduling=async_on,
-                  speculative_config={"method": method, "num_speculative_tokens": 3})
-        outs = llm.generate(list(humaneval_prompts(N_PROMPTS)), GREEDY, use_tqdm=False)
-        identical = sum(
-            assert_greedy_match(r.token_ids, r.logprobs, o.outputs[0].token_ids, label=f"{method} #{i}")
-            for i, (r, o) in enumerate(zip(reference, outs))
-        )
-        assert identical >= N_PROMPTS - 2
-        stats[async_on] = llm.spec_decode_stats()
-        assert stats[async_on]["num_drafts"] > 0
-        sched = llm.engine.core.scheduler
-        assert sched.kv.all_free() and not sched.requests
-        llm.shutdown()
+    stats = spec_equals_reference(reference, humaneval_prompts(N_PROMPTS), GREEDY, label=method,
+                                  min_identical=N_PROMPTS - 2, max_num_seqs=8,
+                                  speculative_config={"method": method, "num_speculative_tokens": 3})
     assert stats[False] == stats[True]

@@ -11,7 +11,7 @@ import pytest
 
 from tandem import LLM, SamplingParams
 from tandem.spec_decode.shipped import shipped_head
-from tests.helpers import assert_greedy_match, humaneval_prompts
+from tests.helpers import humaneval_prompts, spec_equals_reference
 
 pytestmark = [
     pytest.mark.slow,
@@ -45,21 +45,8 @@ def test_eagle3_head_is_shipped_for_gemma() -> None:
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_spec_equals_no_spec_async_off_and_on(reference: list, name: str) -> None:
-    stats = {}
-    for async_on in (False, True):
-        llm = LLM(async_scheduling=async_on, speculative_config=METHODS[name], debug_invariants=True, **ENGINE)
-        assert llm.async_scheduling.resolved is async_on
-        outs = llm.generate(list(humaneval_prompts(N_PROMPTS)), GREEDY, use_tqdm=False)
-        identical = sum(
-            assert_greedy_match(r.token_ids, r.logprobs, o.outputs[0].token_ids, label=f"{name} #{i}")
-            for i, (r, o) in enumerate(zip(reference, outs))
-        )
-        assert identical >= N_PROMPTS - 2
-        stats[async_on] = llm.spec_decode_stats()
-        assert stats[async_on]["num_drafts"] > 0
-        sched = llm.engine.core.scheduler
-        assert sched.kv.all_free() and not sched.requests
-        llm.shutdown()
+    stats = spec_equals_reference(reference, humaneval_prompts(N_PROMPTS), GREEDY, label=name,
+                                  min_identical=N_PROMPTS - 2, speculative_config=METHODS[name], **ENGINE)
     assert stats[False] == stats[True]  # acceptance belongs to the drafts, not to the scheduling mode
     if name == "eagle3":
         assert stats[True]["mean_acceptance_length"] >= 1.8, stats[True]
