@@ -147,7 +147,7 @@ PROMPTS = [
     'import os\n\n\ndef list_python_files(root):\n    """Yield every .py file under root."""\n',
 ]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, logprobs=2, ignore_eos=True)
-SMALL = {"max_num_seqs": 3, "max_model_len": 512, "num_kv_blocks": 128}  # 262k-wide logits rows
+SMALL = {"max_num_seqs": 3, "max_model_len": 512, "num_kv_blocks": 768}  # 262k-wide logits rows; 6 KV groups
 
 
 @pytest.mark.slow

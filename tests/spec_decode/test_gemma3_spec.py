@@ -28,7 +28,7 @@ METHODS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 3},
     "eagle3": {"method": "eagle3", "num_speculative_tokens": 3},
 }
-ENGINE = {"model": MODEL, "max_num_seqs": 8, "max_model_len": 1024, "num_kv_blocks": 256}
+ENGINE = {"model": MODEL, "max_num_seqs": 8, "max_model_len": 1024, "num_kv_blocks": 1536}  # 6 KV cache groups
 
 
 @pytest.fixture(scope="module")
