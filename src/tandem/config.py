@@ -40,6 +40,8 @@ class ModelConfig:
     # what a "gguf" model's block-quantized products quantize their inputs to: None / "auto" (int8x2 where
     # the kernels have AVX-512 VNNI, else float32), "float32", "int8", "int8x2" (tandem.quantization)
     quant_activations: str | None = None
+    # vLLM's --chat-template: a Jinja file's path or the template itself, in place of the model's own.
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -54,6 +56,8 @@ class ModelConfig:
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
+            raise ValueError(f"chat_template must be a non-empty string, got {self.chat_template!r}")
         _positive("max_model_len", self.max_model_len, allow_none=True)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")

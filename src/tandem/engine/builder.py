@@ -218,6 +218,10 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
     # thread: torch's OpenMP team belongs to the thread that first runs a parallel op, and a second
     # team on the same cores made the forward 20-40 % slower here.
     tokenizer = load_tokenizer(config.model.model)
+    if config.model.chat_template is not None:  # the user's template wins over the model's
+        from tandem.model.loader.chat_template import user_chat_template
+
+        tokenizer.chat_template = user_chat_template(config.model.chat_template, "chat_template")
     plan = plan_engine(config)
     logger.info(plan.decision.log_line())
     logger.info(

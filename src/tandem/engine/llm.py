@@ -35,7 +35,8 @@ _LLM_ARGS = (
     "tokenizer dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
     "enable_prefix_caching num_kv_blocks kv_cache_memory async_scheduling executor_backend "
     "speculative_config worker_threads debug_invariants trace_file tensor_parallel_size "
-    "deferred_reconciliation ray_address quantization quant_activations distributed_executor_backend"
+    "deferred_reconciliation ray_address quantization quant_activations distributed_executor_backend "
+    "chat_template"
 ).split()
 
 
@@ -68,6 +69,7 @@ def config_from_kwargs(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
             device=kw.get("device") or "cpu",
             quantization=kw.get("quantization"),
             quant_activations=kw.get("quant_activations"),
+            chat_template=kw.get("chat_template"),
         ),
         cache=CacheConfig(
             block_size=kw.get("block_size") or cache_defaults.block_size,
@@ -288,11 +290,18 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat``: each conversation through the chat template (the model's, the engine's
+        ``chat_template``, or this call's: a file's path or the template text), then generated."""
+        from tandem.model.loader.chat_template import user_chat_template
+
+        template = user_chat_template(chat_template) if chat_template is not None else None
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = []
         for conv in conversations:
-            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)  # type: ignore[arg-type]
+            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,  # type: ignore[arg-type]
+                                                      chat_template=template)
             prompts.append({"prompt": text, "add_special_tokens": False})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)  # type: ignore[arg-type]
 

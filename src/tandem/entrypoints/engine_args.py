@@ -58,6 +58,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="ray executor: address of an existing cluster; default $RAY_ADDRESS, else a local one",
     )
     g.add_argument("--speculative-config", default=None, help="JSON, vLLM's keys")
+    g.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template (a file's path, or the template itself) in place of the model's")
     g.add_argument("--worker-threads", type=int, default=None, help="torch threads in the worker")
     g.add_argument("--debug-invariants", action="store_true", help="check invariants every step")
 
@@ -67,7 +69,7 @@ def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
         "dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
         "num_kv_blocks kv_cache_memory enable_prefix_caching async_scheduling executor_backend "
         "tensor_parallel_size speculative_config worker_threads deferred_reconciliation ray_address quantization "
-        "quant_activations"
+        "quant_activations chat_template"
     ).split()
     kw = {k: getattr(ns, k) for k in keys}
     kw["debug_invariants"] = True if ns.debug_invariants else None

@@ -8,7 +8,9 @@ assistant turns for training masks) rendered as its plain body. The environment 
 because a template is code shipped inside a model file.
 
 ``DEFAULT_CHAT_TEMPLATES`` holds the templates tandem falls back to, by ``general.architecture``,
-for GGUF files that carry none (Gemma 3's turn format).
+for GGUF files that carry none (Gemma 3's turn format). A template given by the user (``--chat-template``,
+``LLM(chat_template=...)``, ``LLM.chat(chat_template=...)``, as in vLLM) wins over both: a file's path, or
+the template text itself (:func:`user_chat_template`).
 """
 
 from __future__ import annotations
@@ -141,3 +143,17 @@ GEMMA_CHAT_TEMPLATE = """{{ bos_token }}
 
 # general.architecture -> the chat template to use when a GGUF file has none.
 DEFAULT_CHAT_TEMPLATES: Mapping[str, str] = MappingProxyType({"gemma3": GEMMA_CHAT_TEMPLATE})
+
+
+def user_chat_template(value: str, origin: str = "chat_template") -> ChatTemplate:
+    """A template the user passed: the contents of the file ``value`` names, or ``value`` itself when it is a
+    template (it has a ``{``); a value that is neither (a path that does not exist) is a ``ValueError`` naming
+    ``origin``."""
+    from pathlib import Path
+
+    path = Path(value).expanduser()
+    if "{" not in value:
+        if not path.is_file():
+            raise ValueError(f"{origin}: {value!r} is neither a file nor a Jinja template")
+        return ChatTemplate(path.read_text(), f"{origin} ({path})")
+    return ChatTemplate(value, origin)

@@ -158,11 +158,14 @@ class Tokenizer:
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
+        chat_template: ChatTemplate | None = None,
         **kwargs: Any,
     ) -> str:
-        """The prompt text for a conversation; extra keyword arguments become template variables."""
-        if self.chat_template is None:
-            raise ValueError(f"{self.name}: the model has no chat template")
+        """The prompt text for a conversation with the model's template (or ``chat_template``); extra keyword
+        arguments become template variables."""
+        template = chat_template or self.chat_template
+        if template is None:
+            raise ValueError(f"{self.name}: the model has no chat template (pass one: chat_template / --chat-template)")
         variables: dict[str, Any] = {"tools": None, "documents": None}
         for key, token_id in (
             ("bos_token", self.specials.bos_token_id),
@@ -173,9 +176,7 @@ class Tokenizer:
             if token_id is not None:
                 variables[key] = self.backend.id_to_token(token_id)
         variables.update(kwargs)
-        return self.chat_template.render(
-            messages, add_generation_prompt=add_generation_prompt, variables=variables
-        )
+        return template.render(messages, add_generation_prompt=add_generation_prompt, variables=variables)
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size})"
