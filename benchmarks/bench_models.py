@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quant import LlamaCpp, Worker
+from bench_quant import LlamaCpp, Worker, arm_worker
 from common import environment, humaneval
 
 from tandem.model.loader import load_tokenizer, resolve_model
@@ -40,24 +40,8 @@ class Arm(Worker):
 
 
 def tandem_arm(model: str, n_seq: int) -> None:
-    from tandem import LLM, SamplingParams
-
-    torch.set_num_threads(2)
-    llm = LLM(model, max_num_seqs=n_seq, max_model_len=2048, async_scheduling=False)
-    llm.generate("def f(x):", SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-    plan = llm.engine_plan
-    print(json.dumps({"weight_bytes": plan.weight_bytes, "quantization": plan.quantization.as_dict()}), flush=True)
-    for line in sys.stdin:
-        msg = json.loads(line)
-        if msg["cmd"] == "quit":
-            break
-        params = SamplingParams(temperature=0, max_tokens=msg["max_tokens"], ignore_eos=True)
-        outs = llm.generate([{"prompt_token_ids": p} for p in msg["prompts"]], params, use_tqdm=False)
-        first = min(o.metrics.first_token_time for o in outs)
-        last = max(o.metrics.last_token_time for o in outs)
-        print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs], "decode_s": last - first,
-                          "decode_tokens": sum(o.metrics.num_generation_tokens - 1 for o in outs)}), flush=True)
-    llm.shutdown()
+    """bench_quant's arm worker on ``model``: tandem's defaults, ``n_seq`` sequences at a time."""
+    arm_worker({"max_num_seqs": n_seq, "max_model_len": 2048, "async_scheduling": False}, model)
 
 
 def transformers_arm(model: str) -> None:

@@ -112,10 +112,10 @@ def spec(method: str) -> dict[str, Any] | None:
     return None if method == "none" else {"method": method, "num_speculative_tokens": 3}
 
 
-def arm_worker(kwargs: dict[str, Any]) -> None:
+def arm_worker(kwargs: dict[str, Any], model: str = MODEL) -> None:
     """JSON lines on stdin/stdout: generate (as the llama.cpp worker: greedy, ignore_eos), prefill, stats."""
     torch.set_num_threads(2)
-    llm = LLM(MODEL, **kwargs)
+    llm = LLM(model, **kwargs)
     llm.generate("def f(x):", SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     plan = llm.engine_plan
     print(json.dumps({"weight_bytes": plan.weight_bytes, "quantization": plan.quantization.as_dict()}), flush=True)
