@@ -263,6 +263,23 @@ class KVCacheManager:
         req.group_block_ids = [[b.block_id for b in group] for group in held[1:]]
         return True
 
+    def allocate_chunk(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[list[KVBlock]] | None,
+        num_lookahead_tokens: int,
+        shrink: bool,
+    ) -> int:
+        """:meth:`allocate_slots` for a chunk of ``num_new_tokens``; with ``shrink``, halved (not below one
+        block) until it fits — a prefill chunk needs every block of its window groups at once, so a smaller
+        chunk fits where a whole prompt does not. Returns the tokens allocated for, 0 when nothing fits."""
+        while not self.allocate_slots(req, num_new_tokens, new_computed_blocks, num_lookahead_tokens):
+            if not shrink or num_new_tokens <= self.block_size:
+                return 0
+            num_new_tokens = max(self.block_size, num_new_tokens // 2)
+        return num_new_tokens
+
     def cache_blocks(self, req: Request, num_completed_tokens: int) -> None:
         """Enter the request's full blocks wholly before ``num_completed_tokens`` into the prefix cache
         (every group's; released window blocks were cached before they slid out, or are lost)."""

@@ -139,12 +139,10 @@ class Scheduler:
                 i += 1
                 continue
             blocks_before[req.request_id] = (len(req.block_ids), [len(g) for g in req.group_block_ids])
-            while not self.kv.allocate_slots(
-                req, n_new, num_lookahead_tokens=self.num_lookahead_tokens
-            ):
-                if n_new > self.block_size and to_end > 1:  # mid-prefill: a smaller chunk first
-                    n_new = max(self.block_size, n_new // 2)
-                    continue
+            # Mid-prefill, a smaller chunk before anyone is preempted (KVCacheManager.allocate_chunk).
+            while not (fit := self.kv.allocate_chunk(req, n_new, None, self.num_lookahead_tokens, to_end > 1)):
+                if to_end > 1:  # the smallest chunk was tried: retry that after preempting
+                    n_new = min(n_new, self.block_size)
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted_now = True
@@ -152,6 +150,7 @@ class Scheduler:
                     break
             if req.status != RequestStatus.RUNNING:
                 break  # the request preempted itself: nothing further fits
+            n_new = fit
             n_spec = max(0, n_new - to_end)
             num_scheduled[req.request_id] = n_new
             if n_spec:
@@ -169,13 +168,9 @@ class Scheduler:
             else:
                 hits, num_hit = [], 0
             n_new = min(req.num_tokens - num_hit, budget)
-            fits = self.kv.allocate_slots(req, n_new, hits, self.num_lookahead_tokens)
-            # Alone, a request must still get going: with window groups a long prefill chunk needs every
-            # block of the chunk at once, so a smaller chunk fits where the whole prompt does not.
-            while not fits and not self.running and n_new > self.block_size:
-                n_new = max(self.block_size, n_new // 2)
-                fits = self.kv.allocate_slots(req, n_new, hits, self.num_lookahead_tokens)
-            if not fits:
+            # Alone, a request must still get going: a smaller chunk where the whole prompt does not fit.
+            n_new = self.kv.allocate_chunk(req, n_new, hits, self.num_lookahead_tokens, not self.running)
+            if not n_new:
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
             req.num_computed_tokens = num_hit

@@ -198,8 +198,13 @@ def _gemma3_fields(config: dict[str, Any], layers: int, source: str) -> tuple[fl
         if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
             raise ValueError(f"{source}: layer_types {types!r} does not name one attention type per layer")
         windows = tuple(window if t == "sliding_attention" else 0 for t in types)
-    return theta, scaling, {
+    return theta, scaling, gemma3_fields(float(config.get("query_pre_attn_scalar", 256)), windows, local_theta)
+
+
+def gemma3_fields(query_pre_attn_scalar: float, layer_windows: tuple[int, ...], rope_local_theta: float) -> dict[str, Any]:
+    """Gemma 3's own ``ModelArgs`` fields (the module docstring), from a config.json or GGUF metadata."""
+    return {
         "sandwich_norms": True, "norm_offset": 1.0, "embed_scale": True, "hidden_act": "gelu_tanh",
-        "query_pre_attn_scalar": float(config.get("query_pre_attn_scalar", 256)),
-        "layer_windows": windows, "rope_local_theta": local_theta,
+        "query_pre_attn_scalar": query_pre_attn_scalar, "layer_windows": layer_windows,
+        "rope_local_theta": rope_local_theta,
     }  # fmt: skip

@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
-from tandem.core.kv_cache_manager import kv_cache_groups
 from tandem.model.forward_batch import KVCache
 from tandem.model.transformer import CausalLM
 from tandem.sample import RejectionSampler, RowSpec, Sampler, SamplingMetadata
@@ -70,7 +69,7 @@ class ModelRunner:
         max_blocks = -(-(max_model_len + self.k + 1) // self.block_size)
         # Room for requests the scheduler already finished but whose removal arrives with a later step.
         self.dev = DeviceState(2 * max_num_seqs + 2, max_model_len, max_blocks, self.k, self.device,
-                               num_groups=len(kv_cache_groups(model.args.layer_windows, model.num_layers)))
+                               num_groups=len(model.kv_groups))
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler(self.sampler)
         self._pending: PendingStep | None = None  # deferred: the last step not reconciled yet

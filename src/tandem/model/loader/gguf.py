@@ -35,7 +35,7 @@ from tandem.model.loader.quants import dequantize, type_name
 
 log = logging.getLogger(__name__)
 from tandem.model.loader.tensor_spec import check_tensors
-from tandem.model.model_args import ModelArgs, gemma3_layer_windows
+from tandem.model.model_args import ModelArgs, gemma3_fields, gemma3_layer_windows
 
 # general.architecture -> tandem family
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}
@@ -132,11 +132,7 @@ def gguf_model_args(gf: GGUFFile) -> ModelArgs:
     gemma: dict[str, object] = {}
     if family == "gemma3":
         window = int(gf.get(f"{arch}.attention.sliding_window", 0))
-        gemma = {
-            "sandwich_norms": True, "norm_offset": 1.0, "embed_scale": True, "hidden_act": "gelu_tanh",
-            "query_pre_attn_scalar": float(head_dim), "layer_windows": gemma3_layer_windows(layers, window),
-            "rope_local_theta": 10_000.0,
-        }  # fmt: skip
+        gemma = gemma3_fields(float(head_dim), gemma3_layer_windows(layers, window), 10_000.0)
     return ModelArgs(
         family=family,
         vocab_size=int(vocab),
