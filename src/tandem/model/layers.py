@@ -3,8 +3,8 @@ gated MLP.
 
 Family differences are data, not code paths: Qwen2's q/k/v bias is an optional bias on the fused ``qkv``
 matmul, Qwen3's per-head q/k RMSNorm an optional weight; Gemma 3's norms after attention and after the MLP
-are optional gains, its GELU (tanh) the ``hidden_act``, and its sliding-window layers take the forward's
-local attention metadata and local RoPE rotations (:class:`LayerContext`). Weights are parameters (``state_dict`` and
+are optional gains, its GELU (tanh) the ``hidden_act``, and each layer takes its KV cache group's attention
+metadata and, if it has a sliding window, the local RoPE rotations (:class:`LayerContext`). Weights are parameters (``state_dict`` and
 sharing work as usual; the dtype is fixed when the model is built) but the forward calls functional ops
 and keeps the kernel count low: at decode, every small kernel between two weight-streaming matmuls
 costs far more than its arithmetic.

@@ -231,12 +231,17 @@ class CausalLM(nn.Module):
         tables, slots = batch.group_block_tables, batch.group_slot_mappings
         if tables and len(tables) != len(self.kv_groups) - 1:
             raise ValueError(f"batch has block tables for {len(tables) + 1} KV cache groups, model {len(self.kv_groups)}")
-        out = []
-        for g, (window, _) in enumerate(self.kv_groups[1:]):
-            view = batch if not tables else replace(batch, block_tables=tables[g], slot_mapping=slots[g],
-                                                    attn_metadata=None, group_block_tables=[], group_slot_mappings=[])
-            out.append(self.attn_backend.build_metadata(view, block_size, window))
-        return out
+        if not tables:  # the same tables for every group: one build per window
+            built = {w: self.attn_backend.build_metadata(batch, block_size, w) for w, _ in self.kv_groups[1:]}
+            return [built[w] for w, _ in self.kv_groups[1:]]
+        return [
+            self.attn_backend.build_metadata(
+                replace(batch, block_tables=tables[g], slot_mapping=slots[g], attn_metadata=None,
+                        group_block_tables=[], group_slot_mappings=[]),
+                block_size, window,
+            )
+            for g, (window, _) in enumerate(self.kv_groups[1:])
+        ]
 
     def _native_decode(self) -> NativeDecode | None:
         if not self._native_resolved:
