@@ -27,8 +27,8 @@ pytestmark = pytest.mark.skipif(
     native._compiler() is None and shutil.which("gcc") is None, reason="no C compiler"
 )
 
-# The families the native stack computes (ModelArgs.native_stack: not yet Gemma 3).
-NATIVE = sorted(n for n in CONFIGS if args_from_hf(CONFIGS[n]()).native_stack)
+# Every tiny family, Gemma 3's sandwich norms, GELU and sliding windows included.
+NATIVE = sorted(CONFIGS)
 
 LENGTHS = {"A": 9, "B": 14, "C": 3, "D": 22}
 PREFILL = [("A", 8), ("B", 10), ("C", 2), ("D", 21)]
@@ -46,13 +46,6 @@ def _cache(model: CausalLM, sc: Scenario, dtype: torch.dtype) -> KVCache:
     return KVCache.allocate(
         a.num_hidden_layers, sc.num_blocks, sc.block_size, a.num_key_value_heads, a.head_dim, dtype, "cpu"
     )
-
-
-def test_gemma3_declines_the_native_stack() -> None:
-    """Sandwich norms, GELU and windows are not in decode_forward.c: a Gemma 3 model runs the torch layers,
-    and the kernel plan says so (ModelArgs.native_stack)."""
-    model, _ = _model("gemma3-window", torch.float32)
-    assert not model.args.native_stack and NativeDecode.create(model) is None
 
 
 def _reference_path(model: CausalLM) -> None:

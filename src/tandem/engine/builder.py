@@ -194,9 +194,7 @@ def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | Non
     if decision.keep_quantized:
         from tandem.model.block_quant_linear import block_quant_plan
 
-        from tandem.model.loader.gguf import gguf_model_args
-
-        kernels = block_quant_plan(types, decision.activations, gguf_model_args(gf).native_stack)
+        kernels = block_quant_plan(types, decision.activations)
     return decision, weight_bytes, kernels
 
 

@@ -66,10 +66,9 @@ def block_quant_linear(
     return y if residual is None else y.add_(residual)
 
 
-def block_quant_plan(types: list[str], activations: str = "float32", whole_stack: bool = True) -> dict[str, object]:
+def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str, object]:
     """What runs a block-quantized product of each stored type, by row count, on this machine: the one
-    place that maps (format, rows, ISA) to a kernel (shown by ``tandem config``). ``whole_stack``: the model
-    can run short steps through the native decoder stack (``ModelArgs.native_stack``)."""
+    place that maps (format, rows, ISA) to a kernel (shown by ``tandem config``)."""
     from tandem import native
 
     kernel = _quant_linear.quant_linear_kernel()
@@ -89,7 +88,6 @@ def block_quant_plan(types: list[str], activations: str = "float32", whole_stack
             few = f"interleaved 16 rows at a time (block_repack), {activations} activations, int8 dot products ({vnni})"
         n = QUANT_FEW_ROWS_INTERLEAVED if t in INTERLEAVED_TYPES else QUANT_FEW_ROWS
         plan[t] = {f"1-{n} rows": f"native quant.h ({compiled}): {few}"}
-        if whole_stack:
-            plan[t][f"1-{8} rows, whole stack"] = f"native decode_forward ({compiled}) on the same kernel"
+        plan[t][f"1-{8} rows, whole stack"] = f"native decode_forward ({compiled}) on the same kernel"
         plan[t][f">{n} rows"] = "native dequantized tiles of rows + torch float32 GEMM"
     return plan

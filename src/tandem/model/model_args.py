@@ -104,12 +104,6 @@ class ModelArgs:
         return any(self.layer_windows)
 
     @property
-    def native_stack(self) -> bool:
-        """Whether the native decoder stack (native/decode_forward.c) computes this architecture: pre-norm
-        layers with SwiGLU and global attention (not yet Gemma 3's sandwich norms, GELU and windows)."""
-        return not (self.sandwich_norms or self.sliding or self.hidden_act != "silu")
-
-    @property
     def attention_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 

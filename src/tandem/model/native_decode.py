@@ -20,6 +20,7 @@ import torch
 from tandem import overrides
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
 from tandem.model.forward_batch import ForwardBatch, KVCache
+from tandem.model.layers import LayerContext
 from tandem.native.decode_forward import (
     DTYPES,
     DecodeForwardKernel,
@@ -66,6 +67,7 @@ class NativeDecode:
             eps_root=float(model.eps_root),
             qk_eps=float(layer0.eps),
             scale=float(layer0.scale),
+            hidden_act=args.hidden_act,
         )
         self._table: LayerTable | None = None
         self._table_key: tuple[int, ...] = ()
@@ -78,12 +80,11 @@ class NativeDecode:
             return None
         if model.comm.world_size != 1 or model.num_layers == 0:
             return None
-        if not model.args.native_stack:  # Gemma 3: the torch layers (for now)
-            return None
         kernel = decode_forward_kernel()
         return None if kernel is None else cls(model, kernel)
 
     def applies(self, batch: ForwardBatch) -> bool:
+        """(Every KV cache group's metadata splits the batch's queries the same way: by their lengths.)"""
         return short_paged_step(batch.attn_metadata, batch.num_tokens, self.kernel.max_rows)
 
     def _layer_table(self, kv_cache: KVCache) -> LayerTable:
@@ -93,7 +94,8 @@ class NativeDecode:
                 {
                     "qkv": layer.qkv, "qkv_bias": layer.qkv_bias, "qk_norm": layer.qk_norm,
                     "o_proj": layer.o_proj, "o_bias": layer.o_bias, "gate_up": layer.gate_up,
-                    "down": layer.down,
+                    "down": layer.down, "post_attn_norm": layer.post_attn_norm,
+                    "post_ffn_norm": layer.post_ffn_norm, "group": layer.kv_group, "local": layer.sliding,
                 }  # fmt: skip
                 for layer in self._layers
             ]
@@ -104,23 +106,31 @@ class NativeDecode:
     def run(
         self,
         batch: ForwardBatch,
+        ctx: LayerContext,
         kv_cache: KVCache,
         x: torch.Tensor,
-        rotations: torch.Tensor,
         aux_hidden_layers: Sequence[int],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The residual stream after the last layer, and after each of ``aux_hidden_layers``."""
-        meta = batch.attn_metadata
-        assert isinstance(meta, PagedCpuMetadata) and meta.short is not None
+        metas = (batch.attn_metadata, *ctx.group_metadata)
+        groups = []
+        for meta in metas:
+            assert isinstance(meta, PagedCpuMetadata) and meta.short is not None
+            groups.append((meta.slot_mapping, meta.short))
         table = self._layer_table(kv_cache)
         x = x.contiguous()  # the embedding's fresh output: the kernel overwrites it in place
         rows = x.shape[0]
-        rot = torch.view_as_real(rotations).reshape(rows, self.shape.head_dim)
+
+        def pairs(rotations: torch.Tensor) -> torch.Tensor:
+            return torch.view_as_real(rotations).reshape(rows, self.shape.head_dim).contiguous()
+
+        rot = pairs(ctx.rotations)
+        local = None if ctx.local_rotations is None else pairs(ctx.local_rotations)
         aux: list[torch.Tensor | None] | None = None
         captured: dict[int, torch.Tensor] = {}
         if aux_hidden_layers:
             for i in aux_hidden_layers:
                 captured.setdefault(i, torch.empty_like(x))
             aux = [captured.get(i) for i in range(len(self._layers))]
-        self.kernel(self.shape, table, x, rot.contiguous(), meta.slot_mapping, meta.short, aux)
+        self.kernel(self.shape, table, x, rot, groups, aux, local)
         return x, [captured[i] for i in aux_hidden_layers]

@@ -213,7 +213,7 @@ class CausalLM(nn.Module):
         x = self.embed(batch.input_ids)
         native = self._native_decode()
         if native is not None and native.applies(batch):
-            x, aux = native.run(batch, kv_cache, x, ctx.rotations, aux_hidden_layers)
+            x, aux = native.run(batch, ctx, kv_cache, x, aux_hidden_layers)
         else:
             captured: dict[int, torch.Tensor] = {}
             for i, layer in enumerate(self.layers):

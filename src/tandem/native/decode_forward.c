@@ -9,9 +9,13 @@
  *
  * Semantics: the same layer as tandem/model/layers.py (the reference): RMSNorm gains already folded into
  * the q/k/v and gate/up weights (weights.py), so a norm is x / hypot(|x|, eps_root); optional q/k/v and
- * o biases (Qwen2) and per-head q/k RMSNorm (Qwen3); RoPE on interleaved pairs; K/V written at the step's
- * slots before attention; SwiGLU. Values are rounded to the model dtype wherever the reference stores a
- * tensor (after each product, norm, RoPE and activation), so a bf16 model sees the reference's roundings.
+ * o biases (Qwen2) and per-head q/k RMSNorm (Qwen3, Gemma 3); RoPE on interleaved pairs; K/V written at the
+ * step's slots before attention; a gated MLP with SiLU or GELU-tanh (act); optional norms after attention
+ * and after the MLP (Gemma 3's sandwich: x + unit_rms(y) * gain). Gemma 3's sliding-window layers: each
+ * layer names its KV cache group, whose block table, slots and window its attention follows (groups
+ * below, core/kv_cache_manager.py), and whether it takes the local RoPE rotations. Values are rounded to
+ * the model dtype wherever the reference stores a tensor (after each product, norm, RoPE and activation),
+ * so a bf16 model sees the reference's roundings.
  *
  * Memory: decode_forward.py checks every shape, dtype and layout; slots and table entries are clamped.
  */
@@ -21,11 +25,16 @@
 #include "paged_attention.c"
 #include "quant.h"
 
-#define TANDEM_DECODE_FORWARD_ABI 4
+#define TANDEM_DECODE_FORWARD_ABI 5
 #define MAX_ROWS 8 /* short steps: one decode row, or a decode row and up to 7 drafts */
-#define LAYER_PTRS 17 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the
+#define LAYER_PTRS 21 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the
                         * int8 weights' scales (qkv, o_proj, gate_up, down; 0 otherwise), then the
-                        * block-quantized matrices' descriptors (quant.h; same order; 0 otherwise) */
+                        * block-quantized matrices' descriptors (quant.h; same order; 0 otherwise), then
+                        * post_attn_norm, post_ffn_norm (0: none), the layer's KV cache group, and 1 where
+                        * it takes the local RoPE rotations */
+#define GROUP_FIELDS 9 /* per KV cache group: block_tables, bt_stride, seq_lens, req, q_start, q_len,
+                        * num_reqs, slots, window: the attention indices of tandem_paged_attention */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
 typedef struct {
     int is_bf16; /* activations, KV cache and roundings */
@@ -35,6 +44,7 @@ typedef struct {
     int64_t rows, hidden, heads, kv_heads, head_dim, inter;
     float eps_root, qk_eps, scale;
     int threads;
+    int act; /* ACT_SILU or ACT_GELU_TANH */
 } Shape;
 
 /* The dtype of the matrix whose scale pointer is ``scale``: int8 where it has scales, else the layer's. */
@@ -112,29 +122,50 @@ static int attention_inputs(const Shape *s, const int64_t *lp, const float *hin,
     return 0;
 }
 
-/* x += attn @ o^T (+ o bias); x += SwiGLU(norm(x)) @ down^T. x is float32 holding dtype-rounded values. */
+/* x[r] += y[r] (+ bias), or with a post-norm gain (Gemma 3) x[r] += unit_rms(y[r]) * gain; y is a product's
+ * float32 output [rows, hidden], rounded here as the reference stores it. */
+static void residual_add(const Shape *s, float *x, float *y, float *tmp, const void *bias, const void *post_norm) {
+    const int bf = s->is_bf16;
+    const int64_t h = s->hidden;
+    if (post_norm) {
+        for (int64_t i = 0; i < s->rows * h; i++) y[i] = round_to(y[i] + (bias ? load_elem(bias, i % h, bf) : 0.0f), bf);
+        unit_rms_rows(s, y, tmp);
+        for (int64_t r = 0; r < s->rows; r++)
+            for (int64_t i = 0; i < h; i++)
+                x[r * h + i] = round_to(x[r * h + i] + tmp[r * h + i] * load_elem(post_norm, i, bf), bf);
+        return;
+    }
+    for (int64_t r = 0; r < s->rows; r++)
+        for (int64_t i = 0; i < h; i++)
+            x[r * h + i] = round_to(x[r * h + i] + y[r * h + i] + (bias ? load_elem(bias, i, bf) : 0.0f), bf);
+}
+
+/* The gate's activation, as torch computes it in float32: SiLU, or GELU with the tanh approximation. */
+static inline float activation(float g, int act) {
+    if (act == ACT_GELU_TANH) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    return g / (1.0f + expf(-g));
+}
+
+/* x += o_proj(attn) (+ o bias | post-attention norm); x += down(act(gate) * up)(norm(x)) (| post-MLP norm).
+ * x is float32 holding dtype-rounded values. */
 static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *attn, float *abuf,
                       float *hbuf, float *gu, float *act) {
     const int bf = s->is_bf16;
     const int64_t h = s->hidden, a = s->heads * s->head_dim, inter = s->inter;
-    const void *o_bias = (const void *)lp[4];
     for (int64_t i = 0; i < s->rows * a; i++) abuf[i] = load_elem(attn, i, bf);
     if (layer_product(s, lp, 1, abuf, a, h, hbuf, h)) return -2;
-    for (int64_t r = 0; r < s->rows; r++)
-        for (int64_t i = 0; i < h; i++)
-            x[r * h + i] = round_to(x[r * h + i] + hbuf[r * h + i] + (o_bias ? load_elem(o_bias, i, bf) : 0.0f), bf);
+    residual_add(s, x, hbuf, abuf, (const void *)lp[4], (const void *)lp[17]);
     unit_rms_rows(s, x, hbuf);
     if (layer_product(s, lp, 2, hbuf, h, 2 * inter, gu, 2 * inter)) return -2;
     for (int64_t r = 0; r < s->rows; r++) {
         const float *g = gu + r * 2 * inter, *u = g + inter;
         for (int64_t i = 0; i < inter; i++) {
-            const float gi = round_to(g[i], bf);
-            const float silu = round_to(gi / (1.0f + expf(-gi)), bf);
-            act[r * inter + i] = round_to(silu * round_to(u[i], bf), bf);
+            const float ai = round_to(activation(round_to(g[i], bf), s->act), bf);
+            act[r * inter + i] = round_to(ai * round_to(u[i], bf), bf);
         }
     }
     if (layer_product(s, lp, 3, act, inter, h, hbuf, h)) return -2;
-    for (int64_t i = 0; i < s->rows * h; i++) x[i] = round_to(x[i] + hbuf[i], bf);
+    residual_add(s, x, hbuf, abuf, 0, (const void *)lp[18]);
     return 0;
 }
 
@@ -142,20 +173,20 @@ int tandem_decode_forward_abi(void) { return TANDEM_DECODE_FORWARD_ABI; }
 int tandem_decode_forward_max_rows(void) { return MAX_ROWS; }
 
 /* x: [rows, hidden] dense, the embedded tokens in, the residual stream after the last layer out.
- * layer_ptrs: [num_layers, LAYER_PTRS] addresses (0 for an absent bias / norm). rot: [rows, head_dim]
- * float32 (cos, sin) pairs. slots: [rows] flat cache slots. aux: [num_layers] addresses of [rows, hidden]
- * outputs for the residual stream after that layer, or 0. The attention arguments are those of
- * tandem_paged_attention. Returns 0, -1 for rows outside 1..MAX_ROWS, -2 when out of memory. */
+ * layer_ptrs: [num_layers, LAYER_PTRS] addresses (0 for an absent bias / norm). rot, rot_local: [rows,
+ * head_dim] float32 (cos, sin) pairs of the global and the sliding-window layers (the same pointer where
+ * the model has one RoPE base). groups: [num_groups, GROUP_FIELDS], each KV cache group's attention indices
+ * as tandem_paged_attention takes them, and its slots. aux: [num_layers] addresses of [rows, hidden] outputs
+ * for the residual stream after that layer, or 0. Returns 0, -1 for rows outside 1..MAX_ROWS, -2 when out of
+ * memory. */
 int tandem_decode_forward(
-    int is_bf16, int64_t num_layers, const int64_t *layer_ptrs, void *x, int64_t rows, int64_t hidden,
+    int is_bf16, int act, int64_t num_layers, const int64_t *layer_ptrs, void *x, int64_t rows, int64_t hidden,
     int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter, float eps_root, float qk_eps,
-    const float *rot, const int64_t *slots, int64_t num_blocks, int64_t block_size,
-    const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens, const int64_t *req,
-    const int64_t *q_start, const int64_t *q_len, int64_t num_reqs, float scale, const int64_t *aux,
-    int num_threads) {
-    if (rows < 1 || rows > MAX_ROWS) return -1;
+    const float *rot, const float *rot_local, int64_t num_blocks, int64_t block_size, const int64_t *groups,
+    int64_t num_groups, float scale, const int64_t *aux, int num_threads) {
+    if (rows < 1 || rows > MAX_ROWS || num_groups < 1) return -1;
     const Shape s = {is_bf16, is_bf16 ? W_BF16 : W_F32, rows, hidden, heads, kv_heads, head_dim, inter, eps_root,
-                     qk_eps, scale, num_threads};
+                     qk_eps, scale, num_threads, act};
     const int64_t a = heads * head_dim, width = (heads + 2 * kv_heads) * head_dim;
     const int64_t wide = hidden > a ? hidden : a;
     const size_t floats = (size_t)(rows * (hidden + 2 * wide + width + 3 * inter));
@@ -163,20 +194,23 @@ int tandem_decode_forward(
     char *mem = malloc(floats * sizeof(float) + 2 * (size_t)(rows * a) * elem);
     if (!mem) return -2;
     float *xf = (float *)mem, *hbuf = xf + rows * hidden, *abuf = hbuf + rows * wide;
-    float *qkv = abuf + rows * wide, *gu = qkv + rows * width, *act = gu + rows * 2 * inter;
-    void *q = act + rows * inter, *attn = (char *)q + (size_t)(rows * a) * elem;
+    float *qkv = abuf + rows * wide, *gu = qkv + rows * width, *act_buf = gu + rows * 2 * inter;
+    void *q = act_buf + rows * inter, *attn = (char *)q + (size_t)(rows * a) * elem;
     for (int64_t i = 0; i < rows * hidden; i++) xf[i] = load_elem(x, i, is_bf16);
     int rc = 0;
     for (int64_t l = 0; l < num_layers && rc == 0; l++) {
         const int64_t *lp = layer_ptrs + l * LAYER_PTRS;
+        const int64_t *g = groups + clamp64(lp[19], 0, num_groups - 1) * GROUP_FIELDS;
         unit_rms_rows(&s, xf, hbuf);
-        rc = attention_inputs(&s, lp, hbuf, hidden, qkv, rot, slots, num_blocks * block_size, q);
+        rc = attention_inputs(&s, lp, hbuf, hidden, qkv, lp[20] ? rot_local : rot, (const int64_t *)g[7],
+                              num_blocks * block_size, q);
         if (rc != 0) break;
         rc = tandem_paged_attention(is_bf16, q, a, attn, a, (const void *)lp[7], (const void *)lp[8],
-                                    num_blocks, block_size, block_tables, bt_stride, seq_lens, req, q_start,
-                                    q_len, num_reqs, heads, kv_heads, head_dim, scale, 0, num_threads);
+                                    num_blocks, block_size, (const int64_t *)g[0], g[1], (const int64_t *)g[2],
+                                    (const int64_t *)g[3], (const int64_t *)g[4], (const int64_t *)g[5], g[6],
+                                    heads, kv_heads, head_dim, scale, g[8], num_threads);
         if (rc != 0) break;
-        rc = mlp_block(&s, lp, xf, attn, abuf, hbuf, gu, act);
+        rc = mlp_block(&s, lp, xf, attn, abuf, hbuf, gu, act_buf);
         if (aux && aux[l])
             for (int64_t i = 0; i < rows * hidden; i++) store_elem((void *)aux[l], i, xf[i], is_bf16);
     }
@@ -186,7 +220,8 @@ int tandem_decode_forward(
 }
 
 /* One decoder layer whose attention input is given: a draft head's layer (EAGLE, EAGLE-3, MTP), where the
- * input is a fusion of the token's embedding and a feature rather than the norm of the residual stream.
+ * input is a fusion of the token's embedding and a feature rather than the norm of the residual stream; a
+ * Llama layer (SwiGLU, pre-norms only: its table's post-norm entries are 0).
  * x: [rows, hidden] the residual stream (float32 or bf16, is_bf16), updated in place; attn_in:
  * [rows, in_width] float32 or bf16 like x, the layer's attention input (the head computed and normed it);
  * the weights (wdt, gemv.h W_F32 / W_BF16: the activations' dtype, or bf16 under float32 activations;
@@ -199,7 +234,8 @@ int tandem_head_layer(
     const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens, const int64_t *req,
     const int64_t *q_start, const int64_t *q_len, int64_t num_reqs, float scale, int num_threads) {
     if (rows < 1 || rows > MAX_ROWS) return -1;
-    const Shape s = {is_bf16, wdt, rows, hidden, heads, kv_heads, head_dim, inter, eps_root, 0.0f, scale, num_threads};
+    const Shape s = {is_bf16, wdt, rows, hidden, heads, kv_heads, head_dim, inter, eps_root, 0.0f, scale, num_threads,
+                     ACT_SILU};
     const int64_t a = heads * head_dim, width = (heads + 2 * kv_heads) * head_dim;
     const int64_t wide = hidden > a ? hidden : a;
     const size_t floats = (size_t)(rows * (hidden + 2 * wide + in_width + width + 3 * inter));

@@ -20,19 +20,22 @@ from tandem.model.quant import Int8Weight
 from tandem.native.paged_attention import PagedAttentionIndices
 from tandem.native.small_linear import DTYPES, W_DTYPES, check_dense
 
-_ABI = 4
+_ABI = 5
 # qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the int8 weights' scales
 # (qkv, o_proj, gate_up, down; 0 for other weights), then the block-quantized matrices' descriptors (same
-# order; 0 for other weights)
-LAYER_PTRS = 17
+# order; 0 for other weights), then post_attn_norm, post_ffn_norm (0: none), the layer's KV cache group and
+# whether it takes the local RoPE rotations
+LAYER_PTRS = 21
+# per KV cache group: block_tables, bt_stride, seq_lens, req, q_start, q_len, num_reqs, slots, window
+GROUP_FIELDS = 9
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _MATRICES = ("qkv", "o_proj", "gate_up", "down")
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _FORWARD_ARGS = [
-    ctypes.c_int, _i64, _ptr, _ptr, _i64, _i64,  # is_bf16, num_layers, layer_ptrs, x, rows, hidden
+    ctypes.c_int, ctypes.c_int, _i64, _ptr, _ptr, _i64, _i64,  # is_bf16, act, num_layers, layer_ptrs, x, rows, hidden
     _i64, _i64, _i64, _i64, _f32, _f32,  # heads, kv_heads, head_dim, inter, eps_root, qk_eps
-    _ptr, _ptr, _i64, _i64,  # rot, slots, num_blocks, block_size
-    _ptr, _i64, _ptr, _ptr,  # block_tables, bt_stride, seq_lens, req
-    _ptr, _ptr, _i64, _f32, _ptr, ctypes.c_int,  # q_start, q_len, num_reqs, scale, aux, threads
+    _ptr, _ptr, _i64, _i64,  # rot, rot_local, num_blocks, block_size
+    _ptr, _i64, _f32, _ptr, ctypes.c_int,  # groups, num_groups, scale, aux, threads
 ]  # fmt: skip
 _HEAD_ARGS = [
     ctypes.c_int, ctypes.c_int, _ptr, _ptr, _ptr, _i64,  # is_bf16, wdt, layer_ptrs, x, attn_in, in_width
@@ -53,8 +56,9 @@ class StackShape:
     head_dim: int
     inter: int
     eps_root: float  # sqrt(hidden * rms_norm_eps), as the model dtype rounds it
-    qk_eps: float  # the per-head q/k RMSNorm epsilon (Qwen3)
+    qk_eps: float  # the per-head q/k RMSNorm epsilon (Qwen3, Gemma 3)
     scale: float  # attention softmax scale
+    hidden_act: str = "silu"  # the gate's activation: a key of ACTIVATIONS
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class LayerTable:
     qkv_in: int = 0  # the qkv product's input width
     int8: bool = False  # whether any matrix is int8 (has scales)
     block_quant: bool = False  # whether any matrix is GGUF block-quantized (has a descriptor)
+    num_groups: int = 1  # the KV cache groups the layers name (one more than the highest)
 
     @property
     def weights(self) -> torch.dtype:
@@ -99,7 +104,10 @@ class DecodeForwardKernel:
         in_width: int | None = None,
     ) -> LayerTable:
         """Check every layer's weights (``qkv``, ``qkv_bias``, ``qk_norm``, ``o_proj``, ``o_bias``,
-        ``gate_up``, ``down``; biases and norms may be ``None``) and caches; return their addresses.
+        ``gate_up``, ``down``; biases and norms may be ``None``; optional ``post_attn_norm`` and
+        ``post_ffn_norm``, Gemma 3's sandwich gains) and caches; return their addresses. Optional ``group``
+        (the layer's KV cache group, an index into the call's ``groups``; default 0) and ``local`` (whether it
+        takes the local RoPE rotations; default False).
         ``in_width``: the qkv product's input width (a head layer's attention input; default hidden).
         The weights share one dtype (``LayerTable.weight_dtype``), except that under float32
         activations any of the four matrices may be int8 (:class:`Int8Weight`; its scales addressed
@@ -165,14 +173,25 @@ class DecodeForwardKernel:
                 check_dense(cache, cache_shape, k_caches[0].dtype, f"layer {i} {name}")
                 row.append(cache.data_ptr())
                 keep.append(cache)
-            rows.append(row + list(scales.values()) + list(descs.values()))
+            extra = []
+            for name in ("post_attn_norm", "post_ffn_norm"):
+                t = lw.get(name)
+                if t is not None:
+                    check_dense(t, (s.hidden,), k_caches[0].dtype, f"layer {i} {name}")
+                    keep.append(t)
+                extra.append(0 if t is None else t.data_ptr())
+            group = lw.get("group", 0)
+            if not isinstance(group, int) or group < 0:
+                raise ValueError(f"native decode: layer {i} group must be an int >= 0, got {group!r}")
+            extra += [group, int(bool(lw.get("local", False)))]
+            rows.append(row + list(scales.values()) + list(descs.values()) + extra)
         ptrs = torch.tensor(rows, dtype=torch.int64)
         if k_caches[0].dtype != dtype and (k_caches[0].dtype, dtype) != (torch.float32, torch.bfloat16):
             raise ValueError(f"native decode: {dtype} weights over a {k_caches[0].dtype} cache")
         # (biases and norms are checked in the activations' dtype, the one the C code reads them in)
         return LayerTable(
             ptrs, tuple(keep), k_caches[0].dtype, cache_shape[0], cache_shape[1], dtype, shapes["qkv"][1], int8,
-            blocks,
+            blocks, int(ptrs[:, 19].max().item()) + 1,
         )
 
     def __call__(
@@ -181,21 +200,39 @@ class DecodeForwardKernel:
         table: LayerTable,
         x: torch.Tensor,
         rotations: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        ix: PagedAttentionIndices,
+        groups: Sequence[tuple[torch.Tensor, PagedAttentionIndices]],
         aux: Sequence[torch.Tensor | None] | None = None,
+        local_rotations: torch.Tensor | None = None,
     ) -> None:
         """Run every layer over ``x`` ``[T, hidden]`` in place (the residual stream after the last layer).
-        ``rotations``: ``[T, head_dim]`` float32 (cos, sin) pairs; ``slot_mapping`` ``[T]`` int64;
-        ``aux[i]``: a ``[T, hidden]`` tensor to receive the stream after layer ``i``, or ``None``."""
+        ``rotations``: ``[T, head_dim]`` float32 (cos, sin) pairs (``local_rotations``: those of the layers
+        marked local; default ``rotations``); ``groups``: each KV cache group's ``[T]`` int64 slot mapping and
+        attention indices (with its window), one per group the table's layers name; ``aux[i]``: a
+        ``[T, hidden]`` tensor to receive the stream after layer ``i``, or ``None``."""
         s, rows = shape, x.shape[0]
         if table.weights != table.dtype or (table.int8 and table.dtype != torch.float32):
             raise ValueError("native decode: the stack needs weights in the activations' dtype (or int8 under float32)")
-        if not 1 <= rows <= self.max_rows or rows != ix.num_rows:
-            raise ValueError(f"native decode: {rows} rows (at most {self.max_rows}, indices {ix.num_rows})")
+        if s.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"native decode: hidden_act {s.hidden_act!r} not in {sorted(ACTIVATIONS)}")
+        if len(groups) != table.num_groups:
+            raise ValueError(f"native decode: {len(groups)} KV cache groups, the layers name {table.num_groups}")
+        if not 1 <= rows <= self.max_rows:
+            raise ValueError(f"native decode: {rows} rows (at most {self.max_rows})")
         check_dense(x, (rows, s.hidden), table.dtype, "x")
-        check_dense(rotations, (rows, s.head_dim), torch.float32, "rotations")
-        check_dense(slot_mapping, (rows,), torch.int64, "slot_mapping")
+        local_rotations = rotations if local_rotations is None else local_rotations
+        for name, rot in (("rotations", rotations), ("local_rotations", local_rotations)):
+            check_dense(rot, (rows, s.head_dim), torch.float32, name)
+        fields = []
+        for g, (slots, ix) in enumerate(groups):
+            if rows != ix.num_rows:
+                raise ValueError(f"native decode: {rows} rows, group {g}'s indices {ix.num_rows}")
+            check_dense(slots, (rows,), torch.int64, f"group {g} slot_mapping")
+            bt = ix.block_tables
+            fields.append([
+                bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(), ix.req.data_ptr(), ix.q_start.data_ptr(),
+                ix.q_len.data_ptr(), ix.num_reqs, slots.data_ptr(), ix.window,
+            ])  # fmt: skip
+        group_table = torch.tensor(fields, dtype=torch.int64)
         num_layers = table.ptrs.shape[0]
         aux_ptrs = None
         if aux is not None:
@@ -205,18 +242,15 @@ class DecodeForwardKernel:
                 if a is not None:
                     check_dense(a, (rows, s.hidden), table.dtype, f"aux output {i}")
             aux_ptrs = torch.tensor([0 if a is None else a.data_ptr() for a in aux], dtype=torch.int64)
-        bt = ix.block_tables
         rc = self._fn(
-            int(table.dtype == torch.bfloat16), num_layers, table.ptrs.data_ptr(), x.data_ptr(), rows,
-            s.hidden, s.heads, s.kv_heads, s.head_dim, s.inter, s.eps_root, s.qk_eps,
-            rotations.data_ptr(), slot_mapping.data_ptr(), table.num_blocks, table.block_size,
-            bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(), ix.req.data_ptr(),
-            ix.q_start.data_ptr(), ix.q_len.data_ptr(), ix.num_reqs, s.scale,
-            None if aux_ptrs is None else aux_ptrs.data_ptr(), torch.get_num_threads(),
+            int(table.dtype == torch.bfloat16), ACTIVATIONS[s.hidden_act], num_layers, table.ptrs.data_ptr(),
+            x.data_ptr(), rows, s.hidden, s.heads, s.kv_heads, s.head_dim, s.inter, s.eps_root, s.qk_eps,
+            rotations.data_ptr(), local_rotations.data_ptr(), table.num_blocks, table.block_size,
+            group_table.data_ptr(), len(groups), s.scale, None if aux_ptrs is None else aux_ptrs.data_ptr(),
+            torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("native decode: out of scratch memory")
-
 
     def head_layer(
         self,
