@@ -195,3 +195,34 @@ def test_gemma_target_rejects_a_draft_with_another_vocabulary() -> None:
     config = SpeculativeConfig(method="draft_model", num_speculative_tokens=3, model="smollm2-135m-instruct-draft")
     with pytest.raises(ValueError, match="has a vocabulary of 49152 tokens, the target 262144"):
         build_proposer(config, target=model, target_checkpoint=ckpt, num_kv_blocks=8, block_size=16)
+
+
+def test_the_kv_budget_pays_for_the_drafters_cache(tiny_gemma: Path, tmp_path: Path) -> None:
+    """A draft model pages its own cache by the target's block ids, so the one KV budget holds the target's
+    pool and the drafter's cache together: the bytes both allocate stay within ``kv_cache_memory``."""
+    from tandem.engine.builder import plan_engine
+    from tandem.engine.llm import config_from_kwargs
+
+    out = make_draft(str(tiny_gemma), tmp_path / "draft", 2)
+    budget = 2 << 20
+    spec = {"method": "draft_model", "model": str(out), "num_speculative_tokens": 2}
+    plan = plan_engine(config_from_kwargs(str(tiny_gemma), kv_cache_memory=budget, speculative_config=spec), log=False)
+    alone = plan_engine(config_from_kwargs(str(tiny_gemma), kv_cache_memory=budget), log=False)
+    assert plan.num_kv_blocks < alone.num_kv_blocks
+    target = load_checkpoint(tiny_gemma)
+    model = CausalLM.from_tensors(target.args, target.tensors, torch.float32)
+    kv = KVCache.allocate(
+        target.args.num_hidden_layers, plan.num_kv_blocks, 16, target.args.num_key_value_heads,
+        target.args.head_dim, torch.float32, "cpu", layer_tensor=model.layer_tensor,
+    )
+    proposer = build_proposer(
+        SpeculativeConfig(**spec), target=model, target_checkpoint=target, num_kv_blocks=plan.num_kv_blocks,
+        block_size=16, max_model_len=plan.max_model_len,
+    )
+
+    def nbytes(cache: KVCache) -> int:
+        tensors = {t.data_ptr(): t for t in (*cache.k, *cache.v)}.values()
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    used = nbytes(kv) + nbytes(proposer.kv_cache)
+    assert budget - plan.bytes_per_block < used <= budget

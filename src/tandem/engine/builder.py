@@ -125,6 +125,14 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
         args.head_dim,
         DTYPES[config.model.resolved_dtype()],
     )
+    if config.speculative is not None:
+        # A drafter's own cache pages by the target's block ids: the same budget pays for it.
+        from tandem.model.loader.registry import resolve_model
+
+        bpb += get_proposer_class(config.speculative.method).kv_bytes_per_block(
+            config.speculative, resolve_model(config.model.model), args, config.cache.block_size,
+            DTYPES[config.model.resolved_dtype()],
+        )
     num_blocks = config.cache.num_blocks_for(bpb)
     k = config.speculative.num_speculative_tokens if config.speculative else 0
     capacity = request_capacity(num_blocks, config.cache.block_size, tuple(w for w, _ in groups), k + 1)

@@ -15,6 +15,7 @@ Positions beyond the target's are written into lookahead slots the scheduler res
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from tandem.config import SpeculativeConfig
 from tandem.model.forward_batch import KVCache
 from tandem.model.loader import Checkpoint, load_checkpoint
+from tandem.model.model_args import ModelArgs
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
 from tandem.model.transformer import CausalLM
 from tandem.spec_decode.proposer import ProposeInput, Proposer
@@ -43,6 +45,25 @@ class DraftModelProposer(Proposer):
         self.draft = draft
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
+
+    @classmethod
+    def kv_bytes_per_block(
+        cls, config: SpeculativeConfig, target: Path, args: ModelArgs, block_size: int, dtype: torch.dtype
+    ) -> int:
+        from tandem.model.loader.model_info import load_model_args
+        from tandem.spec_decode.make_draft import SHIPPED_DRAFTS, shipped_draft_for_target
+        from tandem.worker.worker import DTYPES
+
+        name = config.model or shipped_draft_for_target(target)
+        if name is None:
+            return 0  # build() says why there is no draft
+        if name.lower() in SHIPPED_DRAFTS:  # the target's first layers
+            layers, kv_heads, head_dim = SHIPPED_DRAFTS[name.lower()][1], args.num_key_value_heads, args.head_dim
+        else:
+            d = load_model_args(name)
+            layers, kv_heads, head_dim = d.num_hidden_layers, d.num_key_value_heads, d.head_dim
+        draft_dtype = DTYPES[config.draft_dtype] if config.draft_dtype not in (None, "auto") else dtype
+        return KVCache.bytes_per_block(layers, block_size, kv_heads, head_dim, draft_dtype)
 
     @classmethod
     def build(

@@ -19,6 +19,7 @@ Steps in which no request samples (prefill chunks only) still run step 1 so the 
 
 from __future__ import annotations
 
+import json
 import logging
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from tandem.model.attention import AttentionBackend
 from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.loader import Checkpoint
+from tandem.model.model_args import ModelArgs
 from tandem.model.quant import Int8Weight
 from tandem.model.transformer import CausalLM
 from tandem.spec_decode.eagle_checkpoint import HeadConfig, check_against_target, load_eagle_head
@@ -152,6 +154,13 @@ class DraftHeadProposer(Proposer):
         self.backend = backend
         self.aux_hidden_layers = aux_hidden_layers  # tandem indices: output of layer j
         self.native = NativeHeadLayer.create(head, kv_cache)  # the layer in one call (short CPU steps)
+
+    @classmethod
+    def kv_bytes_per_block(
+        cls, config: SpeculativeConfig, target: Path, args: ModelArgs, block_size: int, dtype: torch.dtype
+    ) -> int:
+        """The head's one layer, in the target's KV shape (an MTP layer is one of the target's)."""
+        return KVCache.bytes_per_block(1, block_size, args.num_key_value_heads, args.head_dim, dtype)
 
     @classmethod
     def from_head(
@@ -291,7 +300,7 @@ class _ChainSlots:
     tables: torch.Tensor  # [n, W] the requests' block tables, cut to the chained rows' width
 
 
-def resolve_head_path(config: SpeculativeConfig, target_checkpoint: Checkpoint | None) -> Path:
+def resolve_head_path(config: SpeculativeConfig, target_checkpoint: Checkpoint | Path | None) -> Path:
     """The head directory: ``speculative_config.model`` (a path or a shipped name), else the head shipped
     for the target."""
     from tandem.spec_decode.shipped import shipped_head, shipped_head_for_target
@@ -310,6 +319,19 @@ def resolve_head_path(config: SpeculativeConfig, target_checkpoint: Checkpoint |
 
 class EagleProposer(DraftHeadProposer):
     method = "eagle"
+
+    @classmethod
+    def kv_bytes_per_block(
+        cls, config: SpeculativeConfig, target: Path, args: ModelArgs, block_size: int, dtype: torch.dtype
+    ) -> int:
+        """The head's one layer, in its config.json's KV shape (the target's where it gives none)."""
+        try:
+            head = json.loads((resolve_head_path(config, target) / "config.json").read_text())
+        except (OSError, ValueError):
+            head = {}  # build() says what is wrong with the head
+        kv_heads = int(head.get("num_key_value_heads") or args.num_key_value_heads)
+        head_dim = int(head.get("head_dim") or args.head_dim)
+        return KVCache.bytes_per_block(1, block_size, kv_heads, head_dim, dtype)
 
     @classmethod
     def build(

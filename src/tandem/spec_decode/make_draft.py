@@ -161,8 +161,8 @@ def resolve_shipped_draft(name: str) -> Path | None:
     return out
 
 
-def shipped_draft_for_target(checkpoint: Checkpoint | None) -> str | None:
-    """The name of the draft shipped for ``checkpoint``'s model (a known target), or None."""
+def shipped_draft_for_target(checkpoint: Checkpoint | Path | None) -> str | None:
+    """The name of the draft shipped for ``checkpoint``'s model (a known target; or the model file), or None."""
     from tandem.spec_decode.shipped import known_target_name
 
     name = known_target_name(checkpoint, {t for t, _ in SHIPPED_DRAFTS.values()})

@@ -24,6 +24,10 @@ from tandem.model.forward_batch import ForwardBatch
 from tandem.worker.request_state import RequestState
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tandem.config import SpeculativeConfig
+    from tandem.model.model_args import ModelArgs
     from tandem.worker.device_state import DeviceState
 
 
@@ -78,6 +82,15 @@ class Proposer(ABC):
             reason=AsyncReason.UNSUPPORTED_SPEC_METHOD,
             fix="set async_scheduling to None (auto) or False, or choose another method",
         )
+
+    @classmethod
+    def kv_bytes_per_block(  # noqa: B027 - optional hook
+        cls, config: SpeculativeConfig, target: Path, args: ModelArgs, block_size: int, dtype: torch.dtype
+    ) -> int:
+        """What one block of the target's KV pool costs the proposer's own cache, in bytes: a drafter's
+        layers page by the target's block ids, so the engine's KV budget pays for both (builder.py). Read
+        from configs alone (``target``: the model file or directory), before any weights load."""
+        return 0
 
     @abstractmethod
     def propose(self, inp: ProposeInput) -> torch.Tensor | list[list[int]]:

@@ -33,13 +33,14 @@ MTP_LAYER_FILE = "mtp_layer.safetensors"
 MTP_CONFIG_FILE = "mtp_config.json"
 
 
-def known_target_name(checkpoint: Checkpoint | None, names: Iterable[str]) -> str | None:
-    """Which of the known model ``names`` ``checkpoint`` was loaded from (by its resolved file), if any.
+def known_target_name(checkpoint: Checkpoint | Path | None, names: Iterable[str]) -> str | None:
+    """Which of the known model ``names`` ``checkpoint`` (or the model file or directory itself, before any
+    weights are read) was loaded from, by its resolved file, if any.
 
     A model assembled into the cache is compared by file name first, so a lookup never assembles one."""
     if checkpoint is None:
         return None
-    source = checkpoint.source.resolve()
+    source = (checkpoint if isinstance(checkpoint, Path) else checkpoint.source).resolve()
     for name in sorted(names):
         entry = KNOWN_MODELS.get(name)
         if entry is not None and entry.filename and entry.filename != source.name:
@@ -52,7 +53,7 @@ def known_target_name(checkpoint: Checkpoint | None, names: Iterable[str]) -> st
     return None
 
 
-def _target_name(checkpoint: Checkpoint | None) -> str | None:
+def _target_name(checkpoint: Checkpoint | Path | None) -> str | None:
     return known_target_name(checkpoint, SHIPPED)
 
 
@@ -65,7 +66,7 @@ def shipped_head(name: str, method: str) -> Path | None:
     return None
 
 
-def shipped_head_for_target(checkpoint: Checkpoint | None, method: str) -> Path | None:
+def shipped_head_for_target(checkpoint: Checkpoint | Path | None, method: str) -> Path | None:
     name = _target_name(checkpoint)
     if name is None or method not in SHIPPED[name]:
         return None
