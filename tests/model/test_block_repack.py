@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from gguf.quants import dequantize
+
 from tandem.model import block_repack
 from tandem.model.block_quant import QDESC_INTERLEAVED, BlockQuantWeight
 from tests.quant_blocks import Q, random_blocks
@@ -58,8 +60,9 @@ def test_weights_repack_whole_groups_and_row_operations_see_ggml_rows() -> None:
     b = BlockQuantWeight.from_raw(random_blocks(Q.Q5_0, 16, 64, rng), Q.Q5_0, (16, 64), "b")
     w = BlockQuantWeight.stack([a, b], "ab").with_gain(torch.rand(64) + 0.5)
     r = w.repacked()
-    assert r.layouts == ("Q4_1x16", "Q4_1", "Q5_0")  # 32 rows interleaved, a remainder of 5, Q5_0 as is
-    assert r.nbytes == w.nbytes and r.shape == w.shape
+    # 32 rows interleaved, a remainder of 5; Q5_0 widened to Q8_0 (12 more bytes a block), interleaved
+    assert r.layouts == ("Q4_1x16", "Q4_1", "Q8_0x16")
+    assert r.nbytes == w.nbytes + 16 * 2 * 12 and r.shape == w.shape
     assert torch.equal(r.dequantize(), w.dequantize())
     idx = [52, 3, 33, 3, 17]
     sub = r.take_rows(idx)
@@ -67,6 +70,20 @@ def test_weights_repack_whole_groups_and_row_operations_see_ggml_rows() -> None:
     assert torch.equal(BlockQuantWeight.stack([a.repacked(), b], "s").dequantize(),
                        BlockQuantWeight.stack([a, b], "s").dequantize())
     types = r.descriptor[4::4].tolist()
-    assert types == [int(Q.Q4_1) | QDESC_INTERLEAVED, int(Q.Q4_1), int(Q.Q5_0)]
+    assert types == [int(Q.Q4_1) | QDESC_INTERLEAVED, int(Q.Q4_1), int(Q.Q8_0) | QDESC_INTERLEAVED]
     with pytest.raises(ValueError, match="Q5_0"):
         block_repack.repack(b.parts[0].data.numpy(), Q.Q5_0)
+
+
+@pytest.mark.parametrize("rows", [16, 21])
+def test_q5_0_widens_to_the_same_weights_as_q8_0(rows: int) -> None:
+    """Every 5-bit value (both nibbles, every fifth bit) comes out as the same float through gguf-py; a
+    remainder of rows stays Q5_0."""
+    rng = np.random.default_rng(5)
+    raw = random_blocks(Q.Q5_0, rows, 128, rng)
+    wide = block_repack.widen_q5_0(raw)
+    assert wide.shape == (rows, 4 * 34)
+    assert np.array_equal(dequantize(wide, Q.Q8_0), dequantize(raw, Q.Q5_0))
+    w = BlockQuantWeight.from_raw(raw, Q.Q5_0, (rows, 128), "w").repacked()
+    assert w.layouts == (("Q8_0x16",) if rows == 16 else ("Q8_0x16", "Q5_0"))
+    assert torch.equal(w.dequantize(), BlockQuantWeight.from_raw(raw, Q.Q5_0, (rows, 128), "w").dequantize())

@@ -79,6 +79,9 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
         if kernel is None:
             plan[t] = {"any rows": "torch: gguf-py dequantization + float32 GEMM (no native kernels)"}
             continue
+        if t == "Q5_0":  # BlockQuantWeight.repacked: exactly the same weights, 34 bytes a block
+            plan[t] = {"at load": "widened to Q8_0 (exact), whole groups of 16 rows; then as Q8_0"}
+            continue
         if t not in INTERLEAVED_TYPES:
             few = "dequantize to L1 + float32 FMA"
         elif activations == "float32":

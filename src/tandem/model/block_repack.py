@@ -81,6 +81,23 @@ def aligned_copy(data: np.ndarray) -> torch.Tensor:
     return out
 
 
+def widen_q5_0(data: np.ndarray) -> np.ndarray:
+    """Q5_0 rows ``[rows, row bytes]`` uint8 -> the same weights as Q8_0 rows, exactly: a Q5_0 weight is
+    ``d * (q - 16)`` with a 5-bit ``q`` (low nibble in ``qs``, fifth bit in ``qh``), which is the int8
+    ``q - 16`` times the same float16 ``d``. There is no interleaved Q5_0 kernel; widened, Q5_0 matrices take
+    the interleaved Q8_0 one, at 34 bytes a block instead of 22."""
+    rows, rb = data.shape
+    nb = rb // GGML_QUANT_SIZES[Q.Q5_0][1]
+    blocks = data.reshape(rows, nb, 22)
+    qh = blocks[..., 2:6].copy().view("<u4")  # [rows, nb, 1]: bit j is weight j's fifth bit
+    high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [rows, nb, 32]
+    qs = blocks[..., 6:]
+    low = np.concatenate([qs & 15, qs >> 4], axis=-1)  # weight j < 16 in byte j's low nibble, j >= 16 high
+    q = ((low | (high << 4)).astype(np.int16) - 16).astype(np.int8).view(np.uint8)
+    out = np.concatenate([blocks[..., :2], q], axis=-1)  # d, then 32 int8
+    return np.ascontiguousarray(out.reshape(rows, nb * GGML_QUANT_SIZES[Q.Q8_0][1]))
+
+
 def can_repack(qtype: int, rows: int) -> bool:
     """Whether a part of ``rows`` rows of ``qtype`` takes the interleaved layout (a whole number of groups)."""
     return qtype in _HEADER and rows > 0 and rows % GROUP == 0

@@ -29,7 +29,8 @@ import re
 
 import torch
 
-from tandem.model.block_quant import FLOAT_TYPES, KERNEL_TYPES, BlockQuantWeight
+from tandem.model import block_repack
+from tandem.model.block_quant import FLOAT_TYPES, KERNEL_TYPES, BlockQuantWeight, QType
 from tandem.model.loader.gguf_file import GGUFFile
 from tandem.model.loader.quants import dequantize, type_name
 
@@ -233,6 +234,9 @@ def gguf_weight_plan(gf: GGUFFile, keep_quantized: bool, elem_bytes: int) -> tup
         if keep_quantized and len(info.shape) == 2 and info.ggml_type in KERNEL_TYPES:
             total += info.nbytes
             types.add(type_name(info.ggml_type))
+            if info.ggml_type == QType.Q5_0:  # whole groups of 16 rows widened to Q8_0 (BlockQuantWeight.repacked)
+                rows = info.shape[0]
+                total += (rows - rows % block_repack.GROUP) * (info.nbytes // rows) * 12 // 22
         else:
             total += n * elem_bytes
     return total, sorted(types)
