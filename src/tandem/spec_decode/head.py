@@ -73,7 +73,7 @@ class DraftHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.linear = linear or TorchLinear()
-        h, hd = cfg.hidden_size, cfg.head_dim
+        hd = cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
         self.scale = hd**-0.5
         self._dtype = dtype
