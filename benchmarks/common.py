@@ -53,10 +53,12 @@ def environment() -> dict[str, Any]:
     except OSError:
         pass
     from tandem import native
+    from tandem.execution import resolve_execution
 
     return {
         "git_commit": git("rev-parse", "--short", "HEAD"),
         "cpu_isa": native.cpu_isa(),  # avx512 / avx2 / portable: what the native kernels compile to here
+        "execution": resolve_execution("cpu").as_dict(),  # what tandem's arms compute with (overrides applied)
         "loadavg_1_5_15": os.getloadavg(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),

@@ -1,8 +1,9 @@
 """Every ``TANDEM_*`` environment variable tandem reads, in one place.
 
 They are overrides for A/B measurements, tests and deployment, never the way a feature is chosen: what runs is
-resolved from the engine config and shown by ``tandem config`` (``EnginePlan.as_dict()["overrides"]`` lists
-the ones set). Each is read when its function is called, so a test can set one for a single case.
+resolved from the engine config once at start-up (the kernel choices: ``tandem/execution.py``), shown by
+``tandem config`` (``EnginePlan.as_dict()["overrides"]`` lists the ones set) and carried to every worker, which
+never reads them itself. Each is read when its function is called, so a test can set one for a single case.
 
 | variable | effect |
 |---|---|

@@ -120,3 +120,20 @@ def test_ray_killed_actor_fails_requests_fast(cluster) -> None:
     t1 = time.monotonic()
     llm.shutdown()
     assert time.monotonic() - t1 < 15
+
+
+def test_ray_actors_build_the_engines_choice(cluster, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """An override set in the engine process after the cluster started: the actors' environment never saw it,
+    and they build what the engine resolved (tandem/execution.py), rank by rank."""
+    from tandem.execution import resolve_execution
+    from tests.spec_decode.tiny_heads import tiny_target
+
+    monkeypatch.setenv("TANDEM_ATTENTION_BACKEND", "sdpa")
+    monkeypatch.setenv("TANDEM_NATIVE_DECODE", "0")
+    llm = LLM(model=str(tiny_target(tmp_path)), executor_backend="ray", tensor_parallel_size=2, max_model_len=128)
+    try:
+        want = resolve_execution("cpu").as_dict()
+        assert want["attention_backend"] == "sdpa" and want["native_decode"] is False
+        assert llm.engine.core.executor.worker_execution == [want, want]
+    finally:
+        llm.shutdown()

@@ -25,5 +25,8 @@ def test_serve_writes_trace(tmp_path):
                 assert resp.status == 200
     summary = analyze_spans(load_spans(path)).summary
     assert summary["num_steps"] >= 8
-    names = {e["name"] for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"}
+    doc = json.loads(path.read_text())
+    names = {e["name"] for e in doc["traceEvents"] if e["ph"] == "X"}
     assert {"schedule", "execute", "forward", "update"} <= names
+    # what the traced engine computed with (tandem/execution.py), resolved in the server's process
+    assert doc["otherData"]["execution"]["attention_backend"] == "paged_cpu"

@@ -22,6 +22,7 @@ from tandem.core.async_scheduler import AsyncScheduler
 from tandem.core.kv_cache_manager import kv_cache_groups, request_capacity
 from tandem.core.scheduler import Scheduler
 from tandem.engine.core import EngineCore
+from tandem.execution import ExecutionPlan, resolve_execution
 from tandem.executor import get_executor_class
 from tandem.model.forward_batch import KVCache
 from tandem.model.loader import load_tokenizer
@@ -50,6 +51,7 @@ class EnginePlan:
     )
     weight_bytes: int | None = None  # resident weight bytes once loaded (None: not known without loading)
     kernels: dict[str, object] | None = None  # the kernel plan of block-quantized products
+    execution: ExecutionPlan | None = None  # what computes a step (tandem/execution.py); None: not resolved
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -58,6 +60,7 @@ class EnginePlan:
             "quantization": self.quantization.as_dict(),
             "weight_bytes": self.weight_bytes,
             "kernels": self.kernels,
+            "execution": None if self.execution is None else self.execution.as_dict(),
             "overrides": overrides.active(),
             "device": self.config.model.device,
             "executor_backend": self.config.parallel.executor_backend,
@@ -156,7 +159,10 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
     quant, weight_bytes, kernels = _plan_weights(config)
     if quant.int8_weights:
         weight_bytes = int8_weight_bytes(args)
-    return EnginePlan(config, args, decision, num_blocks, max_model_len, bpb, quant, weight_bytes, kernels)
+    execution = resolve_execution(config.model.device)
+    return EnginePlan(
+        config, args, decision, num_blocks, max_model_len, bpb, quant, weight_bytes, kernels, execution
+    )
 
 
 def int8_weight_bytes(args: ModelArgs) -> int:
@@ -229,6 +235,9 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
 
         tokenizer.chat_template = user_chat_template(config.model.chat_template, "chat_template")
     plan = plan_engine(config)
+    if tracer.enabled:
+        tracer.metadata.update(execution=plan.execution.as_dict() if plan.execution else None,
+                               async_scheduling=plan.decision.as_dict())
     logger.info(plan.decision.log_line())
     logger.info(
         "quantization: requested=%s resolved=%s reason=%s; activations %s (%s); resident weights %s",
@@ -252,6 +261,7 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         quantized=plan.quantization.keep_quantized,
         quant_activations=plan.quantization.activations,
         int8_weights=plan.quantization.int8_weights,
+        execution=plan.execution,
     )
     executor = executor_cls.create(spec, tracer=tracer)
     k = config.speculative.num_speculative_tokens if config.speculative else 0

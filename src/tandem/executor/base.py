@@ -28,6 +28,8 @@ class Executor(ABC):
     SUPPORTS_ASYNC_SCHEDULING: ClassVar[bool] = False
     ASYNC_FIX: ClassVar[str] = "use executor_backend 'uni' or 'mp'"
     SUPPORTS_TENSOR_PARALLEL: ClassVar[bool] = False  # one worker per rank (tensor_parallel_size > 1)
+    # What each rank's worker built (tandem.execution.built_execution), as it reported at start-up.
+    worker_execution: list[dict[str, object]] = []
 
     @classmethod
     def async_capability(cls) -> AsyncCapability:

@@ -34,6 +34,7 @@ class Shutdown:
 @dataclass(frozen=True)
 class Ready:
     pid: int
+    execution: dict[str, object]  # what this worker built (tandem.execution.built_execution)
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,11 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
     """The worker process's loop: build the runner, then execute steps until told to stop."""
     import torch
 
+    from tandem.execution import built_execution
     from tandem.worker.worker import build_runner
 
+    if spec.execution is not None:  # the engine's choice, whatever this process's environment says
+        spec.execution.apply_process_wide()
     parallel = spec.config.parallel
     torch.set_num_threads(worker_threads(parallel.worker_threads, parallel.tensor_parallel_size))
     check_lockstep = spec.config.observability.debug_invariants
@@ -67,7 +71,7 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
     except BaseException as exc:  # report, then exit
         conn.send(StartFailed(f"{exc!r}\n{traceback.format_exc()}"))
         return
-    conn.send(Ready(os.getpid()))
+    conn.send(Ready(os.getpid(), built_execution(runner.model)))
     # A receiver thread unpickles the next step's message while the current step computes, so a
     # queued step starts the moment the previous one ends (no device idle gap for message handling).
     inbox: queue.Queue[object] = queue.Queue()

@@ -121,6 +121,7 @@ class MultiprocExecutor(Executor):
         for conn, spec in zip(conns, specs):
             conn.send(spec)
         waiting = set(range(len(conns)))
+        reported: dict[int, dict[str, object]] = {}
         while waiting:  # any rank may report first; a failing rank's own message names the cause
             for rank in sorted(waiting):
                 if not conns[rank].poll(0.05):
@@ -130,6 +131,7 @@ class MultiprocExecutor(Executor):
                     raise ExecutorError(
                         f"worker process{self._label(rank)} failed to start: {first.error}"
                     )
+                reported[rank] = first.execution
                 waiting.discard(rank)
             for rank in sorted(waiting):
                 proc = self.processes[rank]
@@ -139,6 +141,7 @@ class MultiprocExecutor(Executor):
                     )
             if waiting and time.monotonic() > deadline:
                 raise ExecutorError(f"worker processes {sorted(waiting)} did not start in time")
+        self.worker_execution = [reported[rank] for rank in range(len(conns))]
         return conns
 
     def _accept(self, rank: int, listener: Listener, deadline: float) -> Connection:

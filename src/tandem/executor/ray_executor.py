@@ -125,16 +125,20 @@ class RankActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def start(self, spec: WorkerSpec, threads: int) -> int:
+    def start(self, spec: WorkerSpec, threads: int) -> tuple[int, dict[str, object]]:
+        """Build the runner; (this process's pid, what it built: tandem.execution.built_execution)."""
         import torch
 
+        from tandem.execution import built_execution
         from tandem.worker.worker import build_runner
 
         torch.set_num_threads(threads)
+        if spec.execution is not None:  # the engine's choice, whatever this actor's environment says
+            spec.execution.apply_process_wide()
         self.rank = spec.tp_rank
         self.check_lockstep = spec.config.observability.debug_invariants
         self.runner = build_runner(spec)
-        return os.getpid()
+        return os.getpid(), built_execution(self.runner.model)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | RankAck:
         return rank_reply(self.runner.execute_model(so), self.rank, self.check_lockstep)
@@ -230,9 +234,11 @@ class RayExecutor(Executor):
         ]
         refs = [a.start.remote(s, self.threads) for a, s in zip(self.actors, specs)]
         try:
-            self.pids = ray.get(refs, timeout=START_TIMEOUT_S)
+            started = ray.get(refs, timeout=START_TIMEOUT_S)
         except Exception as exc:
             raise ExecutorError(f"ray workers failed to start: {exc}") from exc
+        self.pids = [pid for pid, _ in started]
+        self.worker_execution = [execution for _, execution in started]
 
     # -- steps -------------------------------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:

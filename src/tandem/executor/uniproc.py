@@ -9,6 +9,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
+from tandem.execution import built_execution
 from tandem.executor.base import Executor
 from tandem.model.loader import Checkpoint
 from tandem.trace.tracer import NULL_TRACER, Tracer
@@ -34,7 +35,9 @@ class UniProcExecutor(Executor):
         # 20-30 % slower.
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-worker")
         runner = pool.submit(build_runner, spec, checkpoint, tracer).result()
-        return cls(runner, pool)
+        executor = cls(runner, pool)
+        executor.worker_execution = [built_execution(runner.model)]
+        return executor
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
         return self._pool.submit(self.runner.execute_model, scheduler_output)

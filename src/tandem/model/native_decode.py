@@ -76,7 +76,8 @@ class NativeDecode:
     def create(cls, model: CausalLM) -> NativeDecode | None:
         """The native path for ``model``, or ``None`` where it can never apply (not the CPU, tensor
         parallel, another dtype, switched off, no compiler)."""
-        if not native_decode_enabled() or model.device.type != "cpu" or model.dtype not in DTYPES:
+        wanted = native_decode_enabled() if model.native_decode is None else model.native_decode
+        if not wanted or model.device.type != "cpu" or model.dtype not in DTYPES:
             return None
         if model.comm.world_size != 1 or model.num_layers == 0:
             return None

@@ -110,6 +110,9 @@ class CausalLM(nn.Module):
         # that building a model never compiles anything; None where it can never apply.
         self._native: NativeDecode | None = None
         self._native_resolved = False
+        # Whether short steps may take the native stack: the engine's resolved choice (tandem/execution.py);
+        # None: this process's override (a model built directly, in tests and tools).
+        self.native_decode: bool | None = None
 
     @classmethod
     def from_tensors(
@@ -123,6 +126,7 @@ class CausalLM(nn.Module):
         comm: Communicator = SINGLE_RANK,
         quant_activations: str = "float32",
         int8_weights: bool = False,
+        native_decode: bool | None = None,
     ) -> CausalLM:
         """Build from Hugging Face-named tensors; raises ``ValueError`` naming any bad tensor.
 
@@ -131,7 +135,8 @@ class CausalLM(nn.Module):
         the matrix-product formulations (default: ``cpu`` on CPU, ``torch`` elsewhere). ``comm``: this
         rank's tensor-parallel communicator (only the rank's weight slices are kept).
         ``quant_activations``: the inputs of block-quantized products; ``int8_weights``: weight-only int8
-        layer matrices (both: tandem.quantization).
+        layer matrices (both: tandem.quantization). ``native_decode``: whether short CPU steps may run the
+        native decoder stack (default: unless ``TANDEM_NATIVE_DECODE=0``).
         """
         if not dtype.is_floating_point:
             raise ValueError(f"model dtype must be floating point, got {dtype}")
@@ -145,7 +150,9 @@ class CausalLM(nn.Module):
         linear = create_linear_kernels(linear_kernels or default_linear_kernels(device))
         shard = ShardPlan.build(args, comm.world_size, comm.rank)
         weights = prepare_weights(args, tensors, dtype, device, shard, quant_activations, int8_weights)
-        return cls(args, weights, backend, linear, comm)
+        model = cls(args, weights, backend, linear, comm)
+        model.native_decode = native_decode
+        return model
 
     @property
     def args(self) -> ModelArgs:

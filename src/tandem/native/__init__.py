@@ -51,13 +51,39 @@ _lock = threading.Lock()
 _loaded: dict[tuple[str, str], ctypes.CDLL | None] = {}
 
 
+# Set by configure() in a worker: the engine's resolved choice (tandem/execution.py), not this process's
+# environment.
+_configured: dict[str, object] = {}
+
+
+def configure(enabled: bool, isa: str) -> None:
+    """Fix this process's switches to the engine's resolved ones (a worker, before it builds anything)."""
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"native ISA {isa!r}; one of {sorted(ISA_FLAGS)}")
+    _configured.update(enabled=enabled, isa=isa)
+
+
 def enabled() -> bool:
-    """Native kernels are on unless ``TANDEM_NATIVE=0``."""
+    """Native kernels are on unless configured off or ``TANDEM_NATIVE=0``."""
+    if "enabled" in _configured:
+        return bool(_configured["enabled"])
     return overrides.native_enabled()
 
 
+def compiled_isa() -> str | None:
+    """What the default variant compiles to on this CPU (avx512, avx2 or portable), or ``None`` where native
+    kernels are off or cannot be built."""
+    if load("small_linear") is None:
+        return None
+    isa = default_isa()
+    return cpu_isa() if isa == "native" else isa
+
+
 def default_isa() -> str:
-    """The ISA variant the engine's kernels are built for: ``$TANDEM_NATIVE_ISA`` or ``native``."""
+    """The ISA variant the engine's kernels are built for: the configured one, ``$TANDEM_NATIVE_ISA`` or
+    ``native``."""
+    if "isa" in _configured:
+        return str(_configured["isa"])
     isa = overrides.native_isa() or "native"
     if isa not in ISA_FLAGS:
         raise ValueError(f"TANDEM_NATIVE_ISA={isa!r}; one of {sorted(ISA_FLAGS)}")

@@ -82,6 +82,8 @@ class Tracer:
     def __init__(self, process_name: str = "tandem") -> None:
         self.process_name = process_name
         self.spans: list[Span] = []
+        # What the traced engine ran (e.g. its resolved ``execution``), saved as the trace's ``otherData``.
+        self.metadata: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def span(self, name: str, track: str, **args: Any) -> _SpanContext:
@@ -130,7 +132,7 @@ class Tracer:
                     "args": {**s.args, "start_ns": s.start_ns},
                 }
             )
-        return {"traceEvents": events, "displayTimeUnit": "ms"}
+        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": self.metadata}
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

@@ -9,6 +9,7 @@ import torch
 
 from tandem.config import EngineConfig
 from tandem.distributed.process_group import DistInit, connect
+from tandem.execution import ExecutionPlan, resolve_execution
 from tandem.model.forward_batch import KVCache
 from tandem.model.loader import Checkpoint, load_checkpoint, load_tokenizer
 from tandem.model.transformer import CausalLM
@@ -38,6 +39,8 @@ class WorkerSpec:
     quantized: bool = False  # the resolved quantization is "gguf": matrices stay in their GGUF blocks
     quant_activations: str = "float32"  # their products' inputs (the resolved quant_activations)
     int8_weights: bool = False  # the resolved quantization is "int8": layer matrices int8 at load
+    # What computes a step (tandem/execution.py), resolved by the engine; None: resolved here (tests).
+    execution: ExecutionPlan | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -52,9 +55,14 @@ def build_runner(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but CUDA is not available")
     comm = connect(spec.dist, spec.tp_rank, device)  # blocks until every rank has joined
+    # (mp and Ray workers first made their native libraries the plan's: ExecutionPlan.apply_process_wide)
+    execution = spec.execution or resolve_execution(device)
     ckpt = checkpoint or load_checkpoint(cfg.model.model, spec.dtype, keep_quantized=spec.quantized)
     model = CausalLM.from_tensors(ckpt.args, ckpt.tensors, spec.dtype, device, comm=comm,
-                                  quant_activations=spec.quant_activations, int8_weights=spec.int8_weights)
+                                  quant_activations=spec.quant_activations, int8_weights=spec.int8_weights,
+                                  attn_backend=execution.attention_backend,
+                                  linear_kernels=execution.linear_kernels,
+                                  native_decode=execution.native_decode)
     args = ckpt.args
     kv = KVCache.allocate(
         args.num_hidden_layers,

@@ -1,0 +1,79 @@
+"""What computes a step (tandem/execution.py): resolved once from the device and the overrides, shown by
+``tandem config --json``, and built by every worker as the engine resolved it, whatever the worker's own
+environment says (the Ray case, whose actors never see the engine's environment, is in
+tests/distributed/test_ray_executor.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tandem import LLM, native
+from tandem.engine.llm import config_from_kwargs
+from tandem.execution import ExecutionPlan, resolve_execution
+from tandem.executor.multiproc import MultiprocExecutor
+from tandem.worker.worker import WorkerSpec
+from tests.spec_decode.tiny_heads import tiny_target
+
+KNOBS = ("TANDEM_ATTENTION_BACKEND", "TANDEM_LINEAR_KERNELS", "TANDEM_NATIVE_DECODE", "TANDEM_NATIVE",
+         "TANDEM_NATIVE_ISA")  # fmt: skip
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in KNOBS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_defaults_then_overrides_resolve_and_bad_names_are_refused(clean_env: pytest.MonkeyPatch) -> None:
+    plan = resolve_execution("cpu")
+    assert plan.attention_backend == "paged_cpu" and plan.native and plan.native_isa == "native"
+    if native.compiled_isa() is not None:
+        assert plan.linear_kernels == "native" and plan.native_decode and plan.compiled_isa == native.cpu_isa()
+    clean_env.setenv("TANDEM_ATTENTION_BACKEND", "sdpa")
+    clean_env.setenv("TANDEM_LINEAR_KERNELS", "torch")
+    clean_env.setenv("TANDEM_NATIVE_DECODE", "0")
+    over = resolve_execution("cpu")
+    assert (over.attention_backend, over.linear_kernels, over.native_decode) == ("sdpa", "torch", False)
+    clean_env.setenv("TANDEM_ATTENTION_BACKEND", "flash")
+    with pytest.raises(ValueError, match="TANDEM_ATTENTION_BACKEND='flash'"):
+        resolve_execution("cpu")
+    with pytest.raises(ValueError, match="linear_kernels 'fast'"):
+        ExecutionPlan("sdpa", "fast", False, True, "native", None)
+    with pytest.raises(ValueError, match="native_isa 'arm'"):
+        ExecutionPlan("sdpa", "torch", False, True, "arm", None)
+
+
+def test_tandem_config_json_shows_the_resolved_choice(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tandem.entrypoints.cli import main
+
+    clean_env.setenv("TANDEM_LINEAR_KERNELS", "cpu")
+    assert main(["config", "--model", str(tiny_target(tmp_path)), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["execution"] == resolve_execution("cpu").as_dict()
+    assert doc["execution"]["linear_kernels"] == "cpu" and doc["overrides"] == {"TANDEM_LINEAR_KERNELS": "cpu"}
+
+
+def test_an_mp_worker_builds_the_engines_choice(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    model = str(tiny_target(tmp_path))
+    # A choice this worker's environment does not give: the spec's plan, not the environment, decides.
+    chosen = ExecutionPlan("sdpa", "torch", False, True, native.default_isa(), native.compiled_isa())
+    spec = WorkerSpec(config_from_kwargs(model), False, 16, 256, frozenset(), execution=chosen)
+    executor = MultiprocExecutor.create(spec)
+    try:
+        assert executor.worker_execution == [chosen.as_dict()]
+    finally:
+        executor.shutdown()
+    # Through the engine: an override set in the engine process reaches the worker as resolved there.
+    clean_env.setenv("TANDEM_ATTENTION_BACKEND", "naive")
+    llm = LLM(model=model, executor_backend="mp", max_model_len=128)
+    try:
+        built = llm.engine.core.executor.worker_execution
+        assert built == [resolve_execution("cpu").as_dict()] and built[0]["attention_backend"] == "naive"
+    finally:
+        llm.shutdown()
