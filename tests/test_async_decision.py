@@ -14,6 +14,7 @@ from tandem.async_decision import (
 from tandem.engine.builder import async_capabilities, plan_engine
 from tandem.engine.llm import config_from_kwargs
 from tandem.executor import executor_classes
+from tests import inline_executor  # noqa: F401  (registers executor_backend "inline")
 from tandem.spec_decode.factory import proposer_classes
 
 OK = [

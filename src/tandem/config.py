@@ -7,7 +7,7 @@ number of KV blocks once the model's size is known) live in separate objects tha
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tandem.quantization import ACTIVATION_CHOICES, QUANTIZATION_CHOICES
@@ -19,6 +19,14 @@ _SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 MAX_SPECULATIVE_TOKENS = 16
 
 
+def flag(default: Any, help: str, *, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = (),
+         cli: bool = True) -> Any:
+    """A config field that is an engine flag: an ``LLM`` / ``AsyncLLM`` keyword of the field's name and a CLI
+    option ``--field-name`` (plus ``aliases``) on every command that builds an engine, the server included
+    (:func:`engine_flags`). ``cli`` False: a keyword only (a command spells it its own way)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases, "cli": cli})
+
+
 def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -28,20 +36,30 @@ def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str = DEFAULT_MODEL
-    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
-    max_model_len: int | None = None  # None: the model's own context length
-    seed: int = 0
-    device: str = "cpu"
-    # vLLM's name. None / "auto": a quantized GGUF file stays in its blocks on the CPU ("gguf"), anything
-    # else is dequantized ("none"); "int8": weight-only int8 for any checkpoint; the decision and its
-    # reason: tandem.quantization.
-    quantization: str | None = None
-    # what a "gguf" model's block-quantized products quantize their inputs to: None / "auto" (int8x2 where
-    # the kernels have AVX-512 VNNI, else float32), "float32", "int8", "int8x2" (tandem.quantization)
-    quant_activations: str | None = None
-    # vLLM's --chat-template: a Jinja file's path or the template itself, in place of the model's own.
-    chat_template: str | None = None
+    # (the LLM's first argument, and --model)
+    model: str = field(default=DEFAULT_MODEL, metadata={"help": "model name, .gguf file or HF directory"})
+    dtype: str = flag("auto", "auto = float32 on CPU, bfloat16 on CUDA", choices=_DTYPES)
+    max_model_len: int | None = flag(None, "the longest prompt + output; default the model's context length")
+    seed: int = flag(0, "the seed of every request without its own")
+    device: str = flag("cpu", "cpu or cuda[:N]")
+    # vLLM's name; the decision and its reason: tandem.quantization.
+    quantization: str | None = flag(
+        None,
+        "gguf: a quantized GGUF file's matrices stay in their blocks; int8: weight-only int8 (any checkpoint, a "
+        "scale per output feature); none: dequantize at load; default auto (gguf for a quantized GGUF file on "
+        "one CPU rank in float32)",
+        choices=QUANTIZATION_CHOICES[1:], aliases=("-q",),
+    )
+    quant_activations: str | None = flag(
+        None,
+        "what gguf products quantize their inputs to: int8x2 (two int8 levels, ~5e-6 relative), int8 (one, "
+        "llama.cpp's, lossy) or float32; default auto (int8x2 with AVX-512 VNNI, else float32)",
+        choices=ACTIVATION_CHOICES[1:],
+    )
+    # vLLM's --chat-template
+    chat_template: str | None = flag(
+        None, "a Jinja chat template (a file's path, or the template itself) in place of the model's"
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -72,10 +90,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
-    kv_cache_memory: int | None = None  # bytes; None: DEFAULT_KV_CACHE_MEMORY
-    enable_prefix_caching: bool = True
+    block_size: int = flag(16, "tokens per KV block")
+    num_kv_blocks: int | None = flag(None, "KV blocks in the pool; wins over --kv-cache-memory")
+    kv_cache_memory: int | None = flag(None, "KV cache budget in bytes (target and drafter); default 1 GiB")
+    enable_prefix_caching: bool = flag(True, "reuse the KV blocks of earlier requests' equal prefixes")
 
     DEFAULT_KV_CACHE_MEMORY = 1 << 30
 
@@ -98,14 +116,16 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = flag(64, "requests running at once")
+    max_num_batched_tokens: int = flag(2048, "tokens in one step (prefill chunks included)")
     # Tri-state request: False = off, True = demanded (fail if unsupported), None = decide by capability.
     # Never rewritten: the decision lives in AsyncSchedulingDecision.
-    async_scheduling: bool | None = None
+    async_scheduling: bool | None = flag(None, "on / off; default: auto (on when every component supports it)")
     # Arm C: the worker launches step N+1 from device-corrected inputs without waiting for step N's
     # accepted counts; the host reconciles later. Needs async scheduling; outputs are identical.
-    deferred_reconciliation: bool = False
+    deferred_reconciliation: bool = flag(
+        False, "launch step N+1 without waiting for step N's accepted counts (needs async)"
+    )
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)
@@ -196,19 +216,26 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    executor_backend: str = "uni"
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    worker_threads: int | None = None  # torch threads in the worker; None = all cores
-    # ``ray`` executor: an existing cluster ("auto", "ray://host:port", "host:port"); None = the
-    # RAY_ADDRESS environment variable, else a local cluster started on 127.0.0.1.
-    ray_address: str | None = None
+    executor_backend: str = flag(
+        "uni", "uni (worker thread) | mp (worker processes) | ray (Ray actors)",
+        aliases=("--distributed-executor-backend",),
+    )
+    tensor_parallel_size: int = flag(1, "ranks a model is split over", aliases=("-tp",))
+    pipeline_parallel_size: int = flag(1, "vLLM's flag; tandem has no pipeline parallelism: 1 only")
+    worker_threads: int | None = flag(None, "torch threads in the worker; default all cores")
+    ray_address: str | None = flag(
+        None, "ray executor: address of an existing cluster; default $RAY_ADDRESS, else a local one on 127.0.0.1"
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.executor_backend, str) or not self.executor_backend:
             raise ValueError("executor_backend must be a non-empty string")
         _positive("tensor_parallel_size", self.tensor_parallel_size)
-        _positive("pipeline_parallel_size", self.pipeline_parallel_size)
+        if self.pipeline_parallel_size != 1:
+            raise ValueError(
+                f"pipeline_parallel_size must be 1 (tandem has no pipeline parallelism; use tensor_parallel_size), "
+                f"got {self.pipeline_parallel_size!r}"
+            )
         _positive("worker_threads", self.worker_threads, allow_none=True)
         if self.ray_address is not None and not (isinstance(self.ray_address, str) and self.ray_address):
             raise ValueError(f"ray_address must be a non-empty string or None, got {self.ray_address!r}")
@@ -216,8 +243,8 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class ObservabilityConfig:
-    debug_invariants: bool = False  # check every request and block-pool invariant after every step
-    trace_file: str | None = None
+    debug_invariants: bool = flag(False, "check every request and block-pool invariant after every step")
+    trace_file: str | None = flag(None, "write a Chrome trace of the run here", cli=False)  # commands: --trace
 
 
 @dataclass(frozen=True)
@@ -228,3 +255,60 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig | None = None
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+
+
+@dataclass(frozen=True)
+class EngineFlag:
+    """One engine flag, declared once as a config field (:func:`flag`)."""
+
+    name: str  # the LLM keyword; the CLI option is --name-with-dashes
+    section: str  # the EngineConfig field that holds it
+    default: Any
+    kind: str  # "int", "str", "bool" (on / off) or "json" (speculative_config)
+    help: str
+    choices: tuple[str, ...] | None = None
+    aliases: tuple[str, ...] = ()
+    cli: bool = True
+
+
+# vLLM's spellings accepted beside the flag they name.
+FLAG_ALIASES = {"distributed_executor_backend": "executor_backend"}
+
+
+def engine_flags() -> tuple[EngineFlag, ...]:
+    """Every engine flag, from the config dataclasses' fields (and ``speculative_config``)."""
+    out = []
+    for section in fields(EngineConfig):
+        if section.name == "speculative":
+            out.append(EngineFlag("speculative_config", "speculative", None, "json", "JSON, vLLM's keys"))
+            continue
+        for f in fields(section.default_factory()):  # type: ignore[misc]
+            if "cli" not in f.metadata:
+                continue
+            kind = "bool" if str(f.type).startswith("bool") else "int" if str(f.type).startswith("int") else "str"
+            out.append(EngineFlag(f.name, section.name, f.default, kind, f.metadata["help"],
+                                  f.metadata["choices"], f.metadata["aliases"], f.metadata["cli"]))
+    return tuple(out)
+
+
+def engine_config(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
+    """Engine flags (vLLM names, :func:`engine_flags`) to an ``EngineConfig``: a flag left out or ``None``
+    takes its default; an unknown name is a ``ValueError``."""
+    for alias, name in FLAG_ALIASES.items():
+        if alias in kw:
+            value = kw.pop(alias)
+            if value is not None and kw.get(name) is not None and kw[name] != value:
+                raise ValueError(f"{name}={kw[name]!r} and {alias}={value!r} disagree: they are one setting "
+                                 "(tandem's name and vLLM's); pass one")
+            kw[name] = kw.get(name) if kw.get(name) is not None else value
+    flags = {f.name: f for f in engine_flags()}
+    unknown = sorted(set(kw) - set(flags))
+    if unknown:
+        raise ValueError(f"unknown engine argument(s) {unknown}")
+    sections: dict[str, dict[str, Any]] = {"model": {"model": model}}
+    for name, value in kw.items():
+        if value is not None and flags[name].kind != "json":
+            sections.setdefault(flags[name].section, {})[name] = value
+    built = {name: f.default_factory(**sections.get(name, {}))  # type: ignore[misc]
+             for name, f in ((f.name, f) for f in fields(EngineConfig)) if name != "speculative"}
+    return EngineConfig(**built, speculative=SpeculativeConfig.from_any(kw.get("speculative_config")))

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from tandem import overrides
 from tandem.async_decision import (
     AsyncCapability,
-    AsyncReason,
     AsyncSchedulingDecision,
     resolve_async_scheduling,
 )
@@ -79,23 +78,12 @@ class EnginePlan:
 def async_capabilities(config: EngineConfig) -> list[AsyncCapability]:
     """Every component's own declaration, in the resolver's check order."""
     caps = [get_executor_class(config.parallel.executor_backend).async_capability()]
-    caps.append(
-        AsyncCapability(
-            kind="pipeline_parallel",
-            name=f"pipeline_parallel_size={config.parallel.pipeline_parallel_size}",
-            supported=config.parallel.pipeline_parallel_size == 1,
-            reason=AsyncReason.PIPELINE_PARALLEL,
-            fix="set pipeline_parallel_size to 1",
-        )
-    )
     if config.speculative is not None:
         caps.append(get_proposer_class(config.speculative.method).async_capability())
     return caps
 
 
 def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool = True) -> EnginePlan:
-    if config.parallel.pipeline_parallel_size != 1 and config.scheduler.async_scheduling is not True:
-        raise ValueError("pipeline_parallel_size > 1 is not supported by tandem")
     decision = resolve_async_scheduling(
         config.scheduler.async_scheduling, async_capabilities(config), log=log
     )

@@ -9,16 +9,7 @@ from typing import Any
 
 from tandem import overrides
 from tandem.async_decision import AsyncSchedulingDecision
-from tandem.config import (
-    DEFAULT_MODEL,
-    CacheConfig,
-    EngineConfig,
-    ModelConfig,
-    ObservabilityConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
-)
+from tandem.config import DEFAULT_MODEL, EngineConfig, engine_config
 from tandem.core.request import RequestStatus
 from tandem.engine.builder import Engine, EnginePlan, build_engine
 from tandem.engine.metrics import Metric, collect_metrics
@@ -31,69 +22,16 @@ from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
 from tandem.trace.tracer import NULL_TRACER, Tracer
 
-_LLM_ARGS = (
-    "tokenizer dtype device seed max_model_len max_num_seqs max_num_batched_tokens block_size "
-    "enable_prefix_caching num_kv_blocks kv_cache_memory async_scheduling executor_backend "
-    "speculative_config worker_threads debug_invariants trace_file tensor_parallel_size "
-    "deferred_reconciliation ray_address quantization quant_activations distributed_executor_backend "
-    "chat_template"
-).split()
-
-
 class EngineDeadError(RuntimeError):
     """The worker failed; requests in flight were failed and the engine must be rebuilt."""
 
 
 def config_from_kwargs(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
-    """Engine flags (vLLM names) to an ``EngineConfig``; unknown names are an error."""
-    unknown = sorted(set(kw) - set(_LLM_ARGS))
-    if unknown:
-        raise ValueError(f"unknown engine argument(s) {unknown}")
-    backend, vllm_backend = kw.get("executor_backend"), kw.get("distributed_executor_backend")
-    if backend is not None and vllm_backend is not None and backend != vllm_backend:
-        raise ValueError(
-            f"executor_backend={backend!r} and distributed_executor_backend={vllm_backend!r} disagree: "
-            "they are one setting (vLLM's name and tandem's); pass one"
-        )
-    debug = kw.get("debug_invariants")
-    if debug is None:
-        debug = overrides.debug_invariants()
-    sched_defaults = SchedulerConfig()
-    cache_defaults = CacheConfig()
-    return EngineConfig(
-        model=ModelConfig(
-            model=model,
-            dtype=kw.get("dtype") or "auto",
-            max_model_len=kw.get("max_model_len"),
-            seed=kw.get("seed") if kw.get("seed") is not None else 0,
-            device=kw.get("device") or "cpu",
-            quantization=kw.get("quantization"),
-            quant_activations=kw.get("quant_activations"),
-            chat_template=kw.get("chat_template"),
-        ),
-        cache=CacheConfig(
-            block_size=kw.get("block_size") or cache_defaults.block_size,
-            num_kv_blocks=kw.get("num_kv_blocks"),
-            kv_cache_memory=kw.get("kv_cache_memory"),
-            enable_prefix_caching=kw.get("enable_prefix_caching", True),
-        ),
-        scheduler=SchedulerConfig(
-            max_num_seqs=kw.get("max_num_seqs") or sched_defaults.max_num_seqs,
-            max_num_batched_tokens=(
-                kw.get("max_num_batched_tokens") or sched_defaults.max_num_batched_tokens
-            ),
-            async_scheduling=kw.get("async_scheduling"),
-            deferred_reconciliation=bool(kw.get("deferred_reconciliation", False)),
-        ),
-        parallel=ParallelConfig(
-            executor_backend=backend or vllm_backend or "uni",
-            tensor_parallel_size=kw.get("tensor_parallel_size") or 1,
-            worker_threads=kw.get("worker_threads"),
-            ray_address=kw.get("ray_address"),
-        ),
-        speculative=SpeculativeConfig.from_any(kw.get("speculative_config")),
-        observability=ObservabilityConfig(debug_invariants=debug, trace_file=kw.get("trace_file")),
-    )
+    """Engine flags (vLLM names; declared once, as config fields: ``tandem.config.engine_flags``) to an
+    ``EngineConfig``; unknown names are an error. ``debug_invariants`` left out: ``TANDEM_DEBUG_INVARIANTS``."""
+    if kw.get("debug_invariants") is None:
+        kw["debug_invariants"] = overrides.debug_invariants()
+    return engine_config(model, **kw)
 
 
 class LLM:

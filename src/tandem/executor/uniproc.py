@@ -44,29 +44,3 @@ class UniProcExecutor(Executor):
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-class InlineExecutor(Executor):
-    """Runs each step on the calling thread before returning. It cannot overlap anything, so it
-    declares no async support: selecting it shows the async contract at work."""
-
-    name = "inline"
-    SUPPORTS_ASYNC_SCHEDULING = False
-    ASYNC_FIX = "use executor_backend 'uni' or 'mp' (the inline executor runs each step to completion)"
-
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-
-    @classmethod
-    def create(
-        cls, spec: WorkerSpec, *, checkpoint: Checkpoint | None = None, tracer: Tracer = NULL_TRACER
-    ) -> InlineExecutor:
-        return cls(build_runner(spec, checkpoint, tracer=tracer))
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
-        fut: Future[ModelRunnerOutput] = Future()
-        try:
-            fut.set_result(self.runner.execute_model(scheduler_output))
-        except Exception as exc:
-            fut.set_exception(exc)
-        return fut
