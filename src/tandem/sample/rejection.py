@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import torch
 
+from tandem.sample.argmax import argmax_last
 from tandem.sample.metadata import SamplingMetadata, to_device
 from tandem.sample.rng import exponential_noise, make_generator, race_sample, uniform_noise
 from tandem.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
@@ -110,7 +111,7 @@ def _rejection_sample(
     # [B, K]: the prefix before the first -1 (anything after it is ignored)
     valid = (draft >= 0).to(torch.int64).cumprod(dim=1).bool()
     d = torch.where(valid, draft, 0)
-    p_argmax = p.argmax(dim=-1)  # [B, K+1]
+    p_argmax = argmax_last(p)  # [B, K+1]
     accept = valid & (d == p_argmax[:, :k])  # the greedy rule
     if any_random:
         gens = list(generators) if generators is not None else [None] * batch

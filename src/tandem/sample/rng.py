@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from tandem.sample.argmax import argmax_last
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -99,7 +101,7 @@ def race_sample(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """Exponential race: ``argmax(probs / E)`` with E ~ Exp(1) i.i.d. picks token j with probability
     ``probs_j / sum(probs)`` (E_j / p_j is Exp(rate p_j); the smallest of them wins). Unnormalised
     ``probs`` are fine; zero entries never win."""
-    return (probs / noise).argmax(dim=-1)
+    return argmax_last(probs / noise)
 
 
 _Draw = Callable[[torch.Tensor, torch.Generator | None], torch.Tensor]

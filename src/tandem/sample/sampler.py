@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from tandem.sample.argmax import argmax_last
 from tandem.sample.logits_processors import (
     apply_logit_bias_and_allowed,
     apply_min_p,
@@ -71,7 +72,7 @@ class Sampler:
         logits = logits.float()
         processed = self.processed_logits(logits, meta)
         if meta.all_greedy:
-            sampled = processed.argmax(dim=-1)
+            sampled = argmax_last(processed)
         else:
             probs = self.random_probs(processed, meta)
             noise = exponential_noise(
@@ -79,7 +80,7 @@ class Sampler:
             )
             sampled = race_sample(probs, noise)
             if not meta.all_random:
-                sampled = torch.where(meta.greedy_mask, processed.argmax(dim=-1), sampled)
+                sampled = torch.where(meta.greedy_mask, argmax_last(processed), sampled)
         logprobs = None
         if meta.max_num_logprobs is not None:
             logprobs = compute_logprobs(logits, sampled, meta.max_num_logprobs)
@@ -107,7 +108,7 @@ class Sampler:
         """[N] the argmax of every row's processed logits: the token :meth:`forward` returns for a
         greedy row (the one-hot :meth:`compute_probs` gives it)."""
         _check(logits, meta)
-        return self.processed_logits(logits.float(), meta).argmax(dim=-1)
+        return argmax_last(self.processed_logits(logits.float(), meta))
 
     @staticmethod
     def processed_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -159,7 +160,7 @@ class Sampler:
 
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
     one_hot = torch.zeros_like(logits)
-    return one_hot.scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return one_hot.scatter_(1, argmax_last(logits, keepdim=True), 1.0)
 
 
 def _check(logits: torch.Tensor, meta: SamplingMetadata) -> None:

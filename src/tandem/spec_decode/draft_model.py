@@ -26,6 +26,7 @@ from tandem.model.loader import Checkpoint, load_checkpoint
 from tandem.model.model_args import ModelArgs
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
 from tandem.model.transformer import CausalLM
+from tandem.sample.argmax import argmax_last
 from tandem.spec_decode.proposer import ProposeInput, Proposer
 from tandem.worker.request_state import RequestState
 
@@ -120,7 +121,7 @@ class DraftModelProposer(Proposer):
         batch = build_forward_batch(reqs, self.block_size, self.draft.device, last_token_logits_only=True)
         out = self.draft(batch, self.kv_cache)
         assert batch.logits_indices is not None
-        return self.draft.compute_logits(out.hidden_states[batch.logits_indices]).argmax(dim=-1)
+        return argmax_last(self.draft.compute_logits(out.hidden_states[batch.logits_indices]))
 
     @torch.inference_mode()
     def propose(self, inp: ProposeInput) -> list[list[int]]:

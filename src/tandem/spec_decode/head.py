@@ -35,6 +35,7 @@ from tandem.model.rope import (
     rope_inv_freq,
     rotation_table,
 )
+from tandem.sample.argmax import argmax_last
 from tandem.spec_decode.eagle_checkpoint import HeadConfig
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -213,7 +214,7 @@ class DraftHead(nn.Module):
 
     def draft_tokens(self, h: torch.Tensor) -> torch.Tensor:
         """Greedy drafts as target token ids ``[N]``."""
-        best = self.logits(h).argmax(dim=-1)
+        best = argmax_last(self.logits(h))
         return best if self.draft_map is None else self.draft_map[best]
 
     # -- back to the checkpoint layout -----------------------------------------------------------------
