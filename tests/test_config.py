@@ -58,3 +58,12 @@ def test_bad_flags_are_named() -> None:
     with pytest.raises(ValueError, match="pipeline_parallel_size must be 1"):
         config_from_kwargs("m", pipeline_parallel_size=2)
     assert config_from_kwargs("m", pipeline_parallel_size=1).parallel.pipeline_parallel_size == 1
+
+
+def test_serve_help_gives_every_option_a_help_text() -> None:
+    from tandem.entrypoints.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    serve = sub.choices["serve"]
+    missing = [a.option_strings or a.dest for a in serve._actions if not a.help]
+    assert not missing, missing

@@ -12,8 +12,13 @@ import signal
 import socket
 import sys
 
+from typing import TYPE_CHECKING
+
 from tandem import overrides
 from tandem.entrypoints.engine_args import add_engine_args, engine_kwargs
+
+if TYPE_CHECKING:
+    from tandem.engine.builder import EnginePlan
 
 READY_PREFIX = "tandem serve: listening on "
 
@@ -31,6 +36,20 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def plan_line(plan: EnginePlan) -> str:
+    """What the server runs, in one line beside the async decision: model, dtype, device, context, KV pool,
+    speculation, executor."""
+    spec = plan.config.speculative
+    return (
+        f"model={plan.config.model.model} dtype={plan.config.model.resolved_dtype()} "
+        f"device={plan.config.model.device} quantization={plan.quantization.resolved} "
+        f"max_model_len={plan.max_model_len} kv_blocks={plan.num_kv_blocks} "
+        f"kv_bytes={plan.num_kv_blocks * plan.bytes_per_block} "
+        f"speculative={'none' if spec is None else f'{spec.method}(k={spec.num_speculative_tokens})'} "
+        f"executor={plan.config.parallel.executor_backend} tp={plan.config.parallel.tensor_parallel_size}"
+    )
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     import uvicorn
 
@@ -39,14 +58,24 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
     model = ns.model_tag or ns.model
     api_key = ns.api_key or overrides.api_key() or None
-    engine = AsyncLLM(model, **engine_kwargs(ns))
+    # The port first: a second server on a used port says so in one line, before loading any weights.
+    try:
+        sock = _bind(ns.host, ns.port)
+    except OSError as exc:
+        print(f"tandem serve: cannot listen on {ns.host}:{ns.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
+        engine = AsyncLLM(model, **engine_kwargs(ns))
+    except BaseException:
+        sock.close()
+        raise
     try:
         app = build_app(engine, ns.served_model_name, api_key)
-        sock = _bind(ns.host, ns.port)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"{READY_PREFIX}http://{shown}:{port}", flush=True)
         print(f"[{engine.async_scheduling.log_line()}]", file=sys.stderr, flush=True)
+        print(f"[{plan_line(engine.engine.plan)}]", file=sys.stderr, flush=True)
         config = uvicorn.Config(
             app,
             log_level=ns.uvicorn_log_level,
@@ -71,8 +100,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("model_tag", nargs="?", default=None, help="the model (same as --model)")
     add_engine_args(p)
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=8000, help="0: any free port (printed on start)")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on; default 127.0.0.1")
+    g.add_argument("--port", type=int, default=8000, help="0: any free port (printed on start); default 8000")
     g.add_argument(
         "--served-model-name",
         nargs="+",
@@ -88,7 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="the HTTP server's log level; default info",
     )
-    g.add_argument("--disable-uvicorn-access-log", action="store_true")
+    g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no line per request in the log")
     g.add_argument("--trace", default=None, help="write a Chrome trace of the session on shutdown")
     p.set_defaults(func=cmd_serve)

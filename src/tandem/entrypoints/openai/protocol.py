@@ -175,3 +175,19 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: SmallInt | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's ``/tokenize``: a completion ``prompt`` or chat ``messages`` (rendered by the chat template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[TokenId]

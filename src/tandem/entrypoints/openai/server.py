@@ -1,7 +1,8 @@
 """The FastAPI app: a thin layer over ``AsyncLLM``.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /version``, ``GET /metrics``. With an API key, every ``/v1`` route needs
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` and
+``/v1/models/{id}``, ``POST /tokenize`` and ``/detokenize``, ``GET|HEAD /health``, ``GET|POST /ping``,
+``GET /version``, ``GET /metrics``. With an API key, every ``/v1`` route needs
 ``Authorization: Bearer <key>`` (compared in constant time); the operational routes stay open, as in
 vLLM. The check is a plain ASGI middleware so it never touches the body or the disconnect signal.
 """
@@ -19,10 +20,16 @@ import tandem
 from tandem.engine.async_llm import AsyncLLM
 from tandem.engine.llm import EngineDeadError
 from tandem.entrypoints.openai.errors import APIError, error_body, install_error_handlers
-from tandem.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from tandem.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from tandem.entrypoints.openai.serving_chat import create_chat_completion
 from tandem.entrypoints.openai.serving_common import ServerContext
 from tandem.entrypoints.openai.serving_completions import create_completion
+from tandem.entrypoints.openai.serving_tokens import detokenize, tokenize
 from tandem.entrypoints.prom_metrics import CONTENT_TYPE, ServerMetrics
 
 
@@ -73,11 +80,15 @@ def build_app(
         if not engine.healthy:
             raise APIError(f"the engine is not running: {engine.dead}", 503)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         if not engine.healthy:
             return JSONResponse(error_body(f"engine dead: {engine.dead}", 503), status_code=503)
         return Response(status_code=200)
+
+    @app.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's) liveness route
+    async def ping() -> Response:
+        return await health()
 
     @app.get("/version")
     async def version() -> dict[str, str]:
@@ -87,23 +98,32 @@ def build_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    def card(name: str) -> dict[str, object]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": ctx.created,
+            "owned_by": "tandem",
+            "root": model_path,
+            "parent": None,
+            "max_model_len": engine.max_model_len,
+        }
+
     @app.get("/v1/models")
     async def models() -> dict[str, object]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": ctx.created,
-                    "owned_by": "tandem",
-                    "root": model_path,
-                    "parent": None,
-                    "max_model_len": engine.max_model_len,
-                }
-                for name in ctx.served_model_names
-            ],
-        }
+        return {"object": "list", "data": [card(name) for name in ctx.served_model_names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, object]:
+        return card(ctx.check_model(model_id))
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest) -> dict[str, object]:
+        return tokenize(ctx, body)
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest) -> dict[str, object]:
+        return detokenize(ctx, body)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request) -> Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +13,7 @@ from starlette.background import BackgroundTask
 from tandem.engine.async_llm import RequestDelta, RequestStream
 from tandem.engine.prompts import Prompt
 from tandem.entrypoints.openai.errors import APIError
-from tandem.entrypoints.openai.protocol import ChatCompletionRequest
+from tandem.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from tandem.entrypoints.openai.serving_common import (
     SSE_DONE,
     Prepared,
@@ -29,16 +30,21 @@ from tandem.entrypoints.openai.serving_common import (
 )
 
 
-def _render(ctx: ServerContext, req: ChatCompletionRequest) -> Prompt:
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+def render_messages(
+    ctx: ServerContext, messages: list[ChatMessage], add_generation_prompt: bool, kwargs: dict[str, Any] | None
+) -> str:
+    """The chat template over ``messages``; a template that raises on them is the caller's input error."""
+    plain = [{"role": m.role, "content": m.text()} for m in messages]
     try:
-        text = ctx.engine.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=req.add_generation_prompt,
-            **(req.chat_template_kwargs or {}),
+        return ctx.engine.tokenizer.apply_chat_template(
+            plain, add_generation_prompt=add_generation_prompt, **(kwargs or {})
         )
-    except Exception as exc:  # a template that raises on these messages is the caller's input error
+    except Exception as exc:
         raise APIError(f"cannot apply the chat template: {exc}", 400, "messages") from exc
+
+
+def _render(ctx: ServerContext, req: ChatCompletionRequest) -> Prompt:
+    text = render_messages(ctx, req.messages, req.add_generation_prompt, req.chat_template_kwargs)
     # The template already holds the special tokens (BOS, role markers): add none on top.
     return Prompt(text, None, add_special_tokens=False)
 
@@ -85,17 +91,17 @@ async def create_chat_completion(
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     prepared = prepare(ctx, req, [_render(ctx, req)], max_tokens, logprobs, "messages")
-    rid = new_id("chatcmpl")
+    rid, created = new_id("chatcmpl"), int(time.time())  # the response's "created": this request's arrival
     stream = start(ctx, prepared, rid)
     if req.stream:
-        body = guarded(stream, _stream(ctx, req, prepared, stream, rid, model))
+        body = guarded(stream, _stream(ctx, req, prepared, stream, rid, created, model))
         return StreamingResponse(
             body, media_type="text/event-stream", background=BackgroundTask(stream.close)
         )
     deltas = await collect(raw, stream)
     if deltas is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(_full(ctx, req, prepared, deltas, rid, model))
+    return JSONResponse(_full(ctx, req, prepared, deltas, rid, created, model))
 
 
 def _full(
@@ -104,6 +110,7 @@ def _full(
     prepared: Prepared,
     deltas: list[RequestDelta],
     rid: str,
+    created: int,
     model: str,
 ) -> dict[str, Any]:
     texts = [""] * req.n
@@ -132,7 +139,7 @@ def _full(
     return {
         "id": rid,
         "object": "chat.completion",
-        "created": ctx.created,
+        "created": created,
         "model": model,
         "choices": choices,
         "usage": usage(prepared.num_prompt_tokens, completion),
@@ -145,9 +152,10 @@ async def _stream(
     prepared: Prepared,
     stream: RequestStream,
     rid: str,
+    created: int,
     model: str,
 ) -> AsyncIterator[str]:
-    head = {"id": rid, "object": "chat.completion.chunk", "created": ctx.created, "model": model}
+    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
     produced = [0] * req.n
 
     def chunk(choice: dict[str, Any]) -> str:

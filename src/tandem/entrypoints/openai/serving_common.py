@@ -29,7 +29,7 @@ class ServerContext:
     engine: AsyncLLM
     served_model_names: list[str]
     model_path: str
-    created: int = field(default_factory=lambda: int(time.time()))
+    created: int = field(default_factory=lambda: int(time.time()))  # the server's start: /v1/models
 
     @property
     def model_name(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -82,17 +83,17 @@ async def create_completion(ctx: ServerContext, req: CompletionRequest, raw: Req
     if req.best_of is not None and req.best_of != req.n:
         raise APIError("best_of must equal n (beam search is not supported)", 400, "best_of")
     prepared = prepare(ctx, req, _prompts(req), req.max_tokens, req.logprobs, "prompt")
-    rid = new_id("cmpl")
+    rid, created = new_id("cmpl"), int(time.time())  # the response's "created": this request's arrival
     stream = start(ctx, prepared, rid)
     if req.stream:
-        body = guarded(stream, _stream(ctx, req, prepared, stream, rid, model))
+        body = guarded(stream, _stream(ctx, req, prepared, stream, rid, created, model))
         return StreamingResponse(
             body, media_type="text/event-stream", background=BackgroundTask(stream.close)
         )
     deltas = await collect(raw, stream)
     if deltas is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(_full(ctx, req, prepared, deltas, rid, model))
+    return JSONResponse(_full(ctx, req, prepared, deltas, rid, created, model))
 
 
 def _full(
@@ -101,6 +102,7 @@ def _full(
     prepared: Prepared,
     deltas: list[RequestDelta],
     rid: str,
+    created: int,
     model: str,
 ) -> dict[str, Any]:
     n = len(prepared.params) * req.n
@@ -131,7 +133,7 @@ def _full(
     return {
         "id": rid,
         "object": "text_completion",
-        "created": ctx.created,
+        "created": created,
         "model": model,
         "choices": choices,
         "usage": usage(prepared.num_prompt_tokens, completion),
@@ -144,12 +146,13 @@ async def _stream(
     prepared: Prepared,
     stream: RequestStream,
     rid: str,
+    created: int,
     model: str,
 ) -> AsyncIterator[str]:
     n = len(prepared.params) * req.n
     lps = [_Logprobs() for _ in range(n)]
     produced = [0] * n
-    head = {"id": rid, "object": "text_completion", "created": ctx.created, "model": model}
+    head = {"id": rid, "object": "text_completion", "created": created, "model": model}
     async for d in stream.deltas():
         check_delta(d)
         produced[d.index] = d.num_output_tokens

@@ -1,0 +1,95 @@
+"""vLLM's smaller routes and the server's lifecycle: ``/tokenize`` / ``/detokenize`` against the engine's own
+tokenizer and chat template, ``GET /v1/models/{id}``, ``HEAD /health``, ``/ping``, each response's own
+``created``, the start-up line naming the engine plan, and a second server on a used port exiting 2 at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tandem.model.loader import load_tokenizer
+from tests.entrypoints.remote import RemoteServer, launch
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tandem-test"
+FLAGS = ("--max-num-seqs", "4", "--max-model-len", "512", "--num-kv-blocks", "128", "--served-model-name", MODEL)
+
+
+@pytest.fixture(scope="module")
+def server() -> RemoteServer:
+    with launch(*FLAGS) as srv:
+        yield srv
+
+
+def _call(server: RemoteServer, path: str, body: dict | None = None, method: str | None = None) -> tuple[int, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(server.url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else {}
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def test_tokenize_and_detokenize_use_the_engines_tokenizer(server: RemoteServer) -> None:
+    tok = load_tokenizer("smollm2-135m-instruct")
+    text = "def add(a, b):\n    return a + b  # héllo 🤖"
+    status, doc = _call(server, "/tokenize", {"model": MODEL, "prompt": text})
+    assert status == 200 and doc["tokens"] == tok.encode(text) and doc["count"] == len(doc["tokens"])
+    assert doc["max_model_len"] == 512
+    status, raw = _call(server, "/tokenize", {"prompt": text, "add_special_tokens": False})
+    assert raw["tokens"] == tok.encode(text, add_special_tokens=False)
+    chat = [{"role": "user", "content": "hi"}]
+    status, doc = _call(server, "/tokenize", {"messages": chat})
+    want = tok.encode(tok.apply_chat_template(chat, add_generation_prompt=True), add_special_tokens=False)
+    assert status == 200 and doc["tokens"] == want
+    status, back = _call(server, "/detokenize", {"model": MODEL, "tokens": raw["tokens"]})
+    assert status == 200 and back["prompt"] == text
+    # bad input: a 400 naming the field, an unknown model a 404
+    status, err = _call(server, "/tokenize", {"prompt": "a", "messages": chat})
+    assert status == 400 and "exactly one" in err["error"]["message"]
+    status, err = _call(server, "/detokenize", {"tokens": [tok.vocab_size + 5]})
+    assert status == 400 and err["error"]["param"] == "tokens"
+    status, err = _call(server, "/tokenize", {"model": "other", "prompt": "a"})
+    assert status == 404 and err["error"]["param"] == "model"
+
+
+def test_model_card_health_ping(server: RemoteServer) -> None:
+    status, card = _call(server, f"/v1/models/{MODEL}")
+    assert status == 200 and card["id"] == MODEL and card["max_model_len"] == 512
+    assert _call(server, "/v1/models/nope")[0] == 404
+    assert _call(server, "/health", method="HEAD")[0] == 200
+    assert _call(server, "/ping")[0] == 200 and _call(server, "/ping", {}, method="POST")[0] == 200
+
+
+def test_each_response_has_its_own_created(server: RemoteServer) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    before = int(time.time())
+    status, doc = _call(server, "/v1/completions", body)
+    assert status == 200 and before <= doc["created"] <= int(time.time())
+    status, chat = _call(server, "/v1/chat/completions",
+                         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
+    assert status == 200 and before <= chat["created"] <= int(time.time())
+
+
+def test_start_up_line_and_a_used_port(server: RemoteServer) -> None:
+    log = server.log.read_text()
+    assert "model=smollm2-135m-instruct dtype=float32 device=cpu" in log and "kv_blocks=128" in log
+    assert "speculative=none executor=uni" in log
+    host, port = server.host_port
+    t = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "tandem.entrypoints.cli", "serve", "--host", host, "--port", str(port)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2 and time.monotonic() - t < 10
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tandem serve: cannot listen on {host}:{port}"), done.stderr
