@@ -64,9 +64,9 @@ class RemoteServer:
         while True:
             m = self.metrics()
             idle = (
-                m["tandem:num_requests_running"] == 0
-                and m["tandem:num_requests_waiting"] == 0
-                and m["tandem:kv_cache_usage_perc"] == 0
+                m["vllm:num_requests_running"] == 0
+                and m["vllm:num_requests_waiting"] == 0
+                and m["vllm:kv_cache_usage_perc"] == 0
             )
             if idle or time.monotonic() > deadline:
                 return m

@@ -203,25 +203,25 @@ def test_errors(server, client):
 def test_metrics(server):
     m = server.wait_idle()
     for name in (
-        "tandem:num_requests_running",
-        "tandem:num_requests_waiting",
-        "tandem:kv_cache_usage_perc",
-        "tandem:prefix_cache_queries_total",
-        "tandem:prefix_cache_hits_total",
-        "tandem:num_preemptions_total",
-        "tandem:prompt_tokens_total",
-        "tandem:generation_tokens_total",
-        "tandem:spec_decode_num_drafts_total",
-        "tandem:spec_decode_num_draft_tokens_total",
-        "tandem:spec_decode_num_accepted_tokens_total",
-        "tandem:time_to_first_token_seconds_count",
-        "tandem:time_per_output_token_seconds_count",
-        "tandem:e2e_request_latency_seconds_count",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:time_per_output_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
     ):
         assert name in m, name
-    assert m["tandem:generation_tokens_total"] > 0
-    assert m["tandem:time_to_first_token_seconds_count"] > 0
-    assert m["tandem:kv_cache_usage_perc"] == 0 and m["tandem:num_requests_running"] == 0
+    assert m["vllm:generation_tokens_total"] > 0
+    assert m["vllm:time_to_first_token_seconds_count"] > 0
+    assert m["vllm:kv_cache_usage_perc"] == 0 and m["vllm:num_requests_running"] == 0
     decision = config_json(*FLAGS)["async_scheduling"]
     key = (
         "tandem:async_scheduling_info{"

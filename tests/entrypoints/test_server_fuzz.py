@@ -210,7 +210,7 @@ def test_malformed_requests(server):
     one()
     assert len(statuses) >= 500
     assert server.get("/health")[0] == 200
-    assert server.wait_idle(timeout=30)["tandem:num_requests_running"] == 0
+    assert server.wait_idle(timeout=30)["vllm:num_requests_running"] == 0
     status, raw = conn.post(
         "/v1/completions",
         json.dumps(

@@ -77,22 +77,22 @@ def test_concurrent_streams_with_disconnects(server):
     assert all(tokens == SHORT for _, tokens in done)
 
     after = server.wait_idle(timeout=60)
-    assert after["tandem:num_requests_running"] == 0
-    assert after["tandem:num_requests_waiting"] == 0
-    assert after["tandem:kv_cache_usage_perc"] == 0
-    finished = after.get("tandem:request_success_total{finished_reason=length}", 0) - before.get(
-        "tandem:request_success_total{finished_reason=length}", 0
+    assert after["vllm:num_requests_running"] == 0
+    assert after["vllm:num_requests_waiting"] == 0
+    assert after["vllm:kv_cache_usage_perc"] == 0
+    finished = after.get("vllm:request_success_total{finished_reason=length}", 0) - before.get(
+        "vllm:request_success_total{finished_reason=length}", 0
     )
     assert finished == len(done)  # the leavers were aborted, never finished
-    generated = after["tandem:generation_tokens_total"] - before["tandem:generation_tokens_total"]
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert generated < len(done) * SHORT + len(left) * LONG // 4
-    assert after["tandem:spec_decode_num_drafts_total"] > 0
+    assert after["vllm:spec_decode_num_drafts_total"] > 0
     assert (
-        after["tandem:spec_decode_num_draft_tokens_total"]
-        >= after["tandem:spec_decode_num_accepted_tokens_total"]
+        after["vllm:spec_decode_num_draft_tokens_total"]
+        >= after["vllm:spec_decode_num_accepted_tokens_total"]
     )
     assert any(
-        k.startswith("tandem:spec_decode_num_accepted_tokens_per_pos_total{position=")
+        k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{position=")
         for k in after
     )
     assert server.get("/health")[0] == 200
@@ -112,14 +112,14 @@ def test_non_streaming_disconnect_aborts(server):
             + body
         )
         deadline = time.monotonic() + 30
-        while server.metrics()["tandem:num_requests_running"] == 0:
+        while server.metrics()["vllm:num_requests_running"] == 0:
             assert time.monotonic() < deadline, "the request never started"
             time.sleep(0.05)
     t0 = time.monotonic()
     after = server.wait_idle(timeout=30)
-    assert after["tandem:num_requests_running"] == 0 and after["tandem:kv_cache_usage_perc"] == 0
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
     assert time.monotonic() - t0 < 10  # 1000 tokens would take far longer: it was aborted
-    generated = after["tandem:generation_tokens_total"] - before["tandem:generation_tokens_total"]
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert generated < 500
 
 

@@ -93,3 +93,27 @@ def test_start_up_line_and_a_used_port(server: RemoteServer) -> None:
     assert done.returncode == 2 and time.monotonic() - t < 10
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"tandem serve: cannot listen on {host}:{port}"), done.stderr
+
+
+def test_vllm_metric_names_and_a_disconnect_counts_as_abort(server: RemoteServer) -> None:
+    import socket
+
+    host, port = server.host_port
+    body = json.dumps({"model": MODEL, "prompt": "def f(x):", "max_tokens": 400, "stream": True,
+                       "ignore_eos": True}).encode()
+    s = socket.create_connection((host, port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    seen = b""
+    while b"data:" not in seen:  # the headers, then the first event: streaming has begun
+        chunk = s.recv(65536)
+        assert chunk, seen
+        seen += chunk
+    s.close()
+    m = server.wait_idle()
+    assert m.get("vllm:request_success_total{finished_reason=abort}", 0) >= 1, sorted(m)
+    info = [k for k in m if k.startswith("vllm:cache_config_info{")]
+    assert info and "num_gpu_blocks=128" in info[0] and "block_size=16" in info[0]
+    for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+                 "vllm:inter_token_latency_seconds_count", "tandem:engine_healthy"):
+        assert name in m, name

@@ -132,10 +132,10 @@ def test_metrics_use_vllm_names_and_reset():
     metrics = {m.name: m for m in llm.get_metrics()}
     for name in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens",
                  "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos"):
-        assert f"tandem:{name}" in metrics
+        assert f"vllm:{name}" in metrics
     stats = llm.spec_decode_stats()
-    assert metrics["tandem:spec_decode_num_drafts"].value == stats["num_drafts"] > 0
-    assert list(metrics["tandem:spec_decode_num_accepted_tokens_per_pos"].values) == stats["accepted_per_pos"]
+    assert metrics["vllm:spec_decode_num_drafts"].value == stats["num_drafts"] > 0
+    assert list(metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values) == stats["accepted_per_pos"]
     assert stats["mean_acceptance_length"] == 1 + stats["num_accepted_tokens"] / stats["num_drafts"]
     assert sum(o.outputs[0].spec_decode.num_accepted_tokens for o in outs) == stats["num_accepted_tokens"]
     assert 0 <= outs[0].spec_decode_acceptance_rate <= 1

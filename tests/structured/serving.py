@@ -193,7 +193,8 @@ def same_as_reference(ref: Result, got: Result, label: str) -> bool:
 
 def spec_counts(metrics: dict[str, float]) -> dict[str, float]:
     def m(name: str) -> float:
-        return metrics.get(f"tandem:spec_decode_{name}_total", 0.0)
+        # vLLM's counters under vllm:, tandem's extra (invalid_spec_tokens) under tandem:
+        return metrics.get(f"vllm:spec_decode_{name}_total", metrics.get(f"tandem:spec_decode_{name}_total", 0.0))
 
     return {
         "drafts": m("num_drafts"),

@@ -93,7 +93,7 @@ def test_schema_requests_valid_and_identical(
         for (i, _), r, g in zip(REQS, reference.results, run.results)
     )
     assert identical >= len(REQS) - 1, f"{run.label}: only {identical} identical"
-    assert run.metrics["tandem:num_requests_running"] == 0
+    assert run.metrics["vllm:num_requests_running"] == 0
     counts = spec_counts(run.metrics)
     assert counts["drafts"] + counts["invalid_spec_tokens"] > 0
     if spec == "draft_model":

@@ -143,7 +143,8 @@ async def _server_metrics(client: Any, base: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fam in families:
         for s in fam.samples:
-            if s.name.startswith("tandem:spec_decode_num_") and "position" not in s.labels:
+            # vllm: the counters vLLM has too (a vLLM server reports them alike); tandem: its own extras
+            if s.name.startswith(("vllm:spec_decode_num_", "tandem:spec_decode_num_")) and "position" not in s.labels:
                 out[s.name] = out.get(s.name, 0.0) + s.value
             elif s.name == "tandem:async_scheduling_info":
                 out["async_scheduling"] = {k: v for k, v in s.labels.items() if k != "model_name"}
@@ -259,15 +260,15 @@ def _summarise(
         **_stats("itl", [x for r in ok for x in r.itl]),
         **_stats("e2el", [r.latency for r in ok]),
     }
-    drafts = after.get("tandem:spec_decode_num_drafts_total", 0) - before.get(
-        "tandem:spec_decode_num_drafts_total", 0
+    drafts = after.get("vllm:spec_decode_num_drafts_total", 0) - before.get(
+        "vllm:spec_decode_num_drafts_total", 0
     )
     if drafts:
-        proposed = after["tandem:spec_decode_num_draft_tokens_total"] - before.get(
-            "tandem:spec_decode_num_draft_tokens_total", 0
+        proposed = after["vllm:spec_decode_num_draft_tokens_total"] - before.get(
+            "vllm:spec_decode_num_draft_tokens_total", 0
         )
-        accepted = after["tandem:spec_decode_num_accepted_tokens_total"] - before.get(
-            "tandem:spec_decode_num_accepted_tokens_total", 0
+        accepted = after["vllm:spec_decode_num_accepted_tokens_total"] - before.get(
+            "vllm:spec_decode_num_accepted_tokens_total", 0
         )
         doc["spec_decode"] = {
             "num_drafts": drafts,

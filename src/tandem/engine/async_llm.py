@@ -248,9 +248,21 @@ class AsyncLLM:
 
     def _abort(self, req_ids: list[str]) -> None:
         self.engine.core.abort_requests(req_ids)
+        now = time.monotonic()
         for rid in req_ids:
-            self._out.pop(rid)
+            fr = self._out.pop(rid)
             self._streams.pop(rid, None)
+            if fr is not None and not fr.finished:  # its consumer went away: finished as "abort"
+                fr.finish_reason = "abort"
+                fr.metrics.finished_time = now
+                self._notify_finished(fr)
+
+    def _notify_finished(self, fr: FrontRequest) -> None:
+        for listener in self.finish_listeners:
+            try:
+                listener(fr)
+            except Exception:  # a metrics bug must not stop the engine
+                logger.exception("finish listener failed")
 
     def _step(self) -> None:
         core = self.engine.core
@@ -279,11 +291,7 @@ class AsyncLLM:
             if fr.finished:
                 self._out.pop(fr.req_id)
                 del self._streams[fr.req_id]
-                for listener in self.finish_listeners:
-                    try:
-                        listener(fr)
-                    except Exception:  # a metrics bug must not stop the engine
-                        logger.exception("finish listener failed")
+                self._notify_finished(fr)
         for stream, deltas in batches.values():
             stream.put(deltas)
 

@@ -1,4 +1,5 @@
-"""vLLM-style metric objects read from a live engine (names prefixed ``tandem:``)."""
+"""Metric objects read from a live engine: vLLM's names (``vllm:``) where vLLM has the metric, so its dashboards
+and alerts read tandem's; ``tandem:`` for tandem's own (the async decision, grammar-cut drafts)."""
 
 from __future__ import annotations
 
@@ -25,25 +26,37 @@ def collect_metrics(engine: Engine) -> list[Metric]:
     spec = c.spec
     d = engine.plan.decision
     metrics = [
-        Metric("tandem:num_requests_running", sched.num_running()),
-        Metric("tandem:num_requests_waiting", sched.num_waiting()),
-        Metric("tandem:kv_cache_usage_perc", sched.kv.usage),
-        Metric("tandem:prefix_cache_queries", pool.stats.queries, "counter"),
-        Metric("tandem:prefix_cache_hits", pool.stats.hits, "counter"),
-        Metric("tandem:num_preemptions", c.num_preemptions, "counter"),
-        Metric("tandem:prompt_tokens", c.num_prompt_tokens, "counter"),
-        Metric("tandem:generation_tokens", c.num_generation_tokens, "counter"),
-        Metric("tandem:spec_decode_num_drafts", spec.num_drafts, "counter"),
-        Metric("tandem:spec_decode_num_draft_tokens", spec.num_draft_tokens, "counter"),
-        Metric("tandem:spec_decode_num_accepted_tokens", spec.num_accepted_tokens, "counter"),
+        Metric("vllm:num_requests_running", sched.num_running()),
+        Metric("vllm:num_requests_waiting", sched.num_waiting()),
+        Metric("vllm:kv_cache_usage_perc", sched.kv.usage),
+        Metric("vllm:prefix_cache_queries", pool.stats.queries, "counter"),
+        Metric("vllm:prefix_cache_hits", pool.stats.hits, "counter"),
+        Metric("vllm:num_preemptions", c.num_preemptions, "counter"),
+        Metric("vllm:prompt_tokens", c.num_prompt_tokens, "counter"),
+        Metric("vllm:generation_tokens", c.num_generation_tokens, "counter"),
+        Metric("vllm:spec_decode_num_drafts", spec.num_drafts, "counter"),
+        Metric("vllm:spec_decode_num_draft_tokens", spec.num_draft_tokens, "counter"),
+        Metric("vllm:spec_decode_num_accepted_tokens", spec.num_accepted_tokens, "counter"),
         Metric(
             "tandem:spec_decode_num_invalid_spec_tokens", spec.num_invalid_spec_tokens, "counter"
         ),
         Metric(
-            "tandem:spec_decode_num_accepted_tokens_per_pos",
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
             float(sum(spec.accepted_per_pos)),
             "vector",
             values=tuple(float(v) for v in spec.accepted_per_pos),
+        ),
+        Metric(
+            "vllm:cache_config_info",
+            1.0,
+            "gauge",
+            labels={
+                "block_size": str(engine.plan.config.cache.block_size),
+                "num_gpu_blocks": str(engine.plan.num_kv_blocks),  # vLLM's label name, whatever the device
+                "num_cpu_blocks": "0",
+                "enable_prefix_caching": str(engine.plan.config.cache.enable_prefix_caching),
+                "cache_dtype": engine.plan.config.model.resolved_dtype(),
+            },
         ),
         Metric(
             "tandem:async_scheduling_info",

@@ -9,7 +9,9 @@ Two sources:
 - per-request latencies (TTFT, TPOT, inter-token latency, end-to-end) are histograms observed when a
   request finishes, on the engine thread (prometheus-client is thread-safe).
 
-Names follow vLLM's with the ``tandem:`` prefix; counters get the ``_total`` suffix on exposition.
+Names and labels are vLLM's (``vllm:``, ``model_name``) where vLLM has the metric; tandem's own keep a
+``tandem:`` prefix (the async decision, grammar-cut drafts, engine health). Counters get the ``_total`` suffix on
+exposition. An aborted request (a client that went away) counts as ``finished_reason="abort"``.
 """
 
 from __future__ import annotations
@@ -73,20 +75,21 @@ _TOKEN_BUCKETS = (
     80.0,
 )
 _HELP = {
-    "tandem:num_requests_running": "Requests in the running batch.",
-    "tandem:num_requests_waiting": "Requests waiting to be scheduled (new or preempted).",
-    "tandem:kv_cache_usage_perc": "Fraction of KV cache blocks in use (0 to 1).",
-    "tandem:prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
-    "tandem:prefix_cache_hits": "Prompt tokens found in the prefix cache.",
-    "tandem:num_preemptions": "Requests preempted (their KV cache freed and recomputed later).",
-    "tandem:prompt_tokens": "Prompt tokens of requests added.",
-    "tandem:generation_tokens": "Output tokens committed.",
-    "tandem:spec_decode_num_drafts": "Verify steps that carried drafts.",
-    "tandem:spec_decode_num_draft_tokens": "Draft tokens verified.",
-    "tandem:spec_decode_num_accepted_tokens": "Draft tokens accepted.",
+    "vllm:num_requests_running": "Requests in the running batch.",
+    "vllm:num_requests_waiting": "Requests waiting to be scheduled (new or preempted).",
+    "vllm:kv_cache_usage_perc": "Fraction of KV cache blocks in use (0 to 1).",
+    "vllm:prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
+    "vllm:prefix_cache_hits": "Prompt tokens found in the prefix cache.",
+    "vllm:num_preemptions": "Requests preempted (their KV cache freed and recomputed later).",
+    "vllm:prompt_tokens": "Prompt tokens of requests added.",
+    "vllm:generation_tokens": "Output tokens committed.",
+    "vllm:spec_decode_num_drafts": "Verify steps that carried drafts.",
+    "vllm:spec_decode_num_draft_tokens": "Draft tokens verified.",
+    "vllm:spec_decode_num_accepted_tokens": "Draft tokens accepted.",
     "tandem:spec_decode_num_invalid_spec_tokens": "Draft tokens cut by a structured-output grammar.",
-    "tandem:spec_decode_num_accepted_tokens_per_pos": "Draft tokens accepted, by draft position.",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "Draft tokens accepted, by draft position.",
     "tandem:async_scheduling_info": "The async scheduling decision: requested, resolved, reason.",
+    "vllm:cache_config_info": "The KV cache's configuration, as labels.",
 }
 
 
@@ -135,24 +138,24 @@ class ServerMetrics:
         self.model_name = model_name
         r = self.registry
         self.ttft = _histogram(
-            r, "tandem:time_to_first_token_seconds", "Time to the first output token.",
+            r, "vllm:time_to_first_token_seconds", "Time to the first output token.",
             _LATENCY_BUCKETS, model_name,
         )  # fmt: skip
         self.tpot = _histogram(
-            r, "tandem:time_per_output_token_seconds",
+            r, "vllm:time_per_output_token_seconds",
             "Mean time per output token after the first, per request.", _TOKEN_BUCKETS, model_name,
         )  # fmt: skip
         self.itl = _histogram(
-            r, "tandem:inter_token_latency_seconds",
+            r, "vllm:inter_token_latency_seconds",
             "Time between consecutive deliveries of output (one speculative step delivers "
             "several tokens).", _TOKEN_BUCKETS, model_name,
         )  # fmt: skip
         self.e2e = _histogram(
-            r, "tandem:e2e_request_latency_seconds", "Arrival to last token.", _LATENCY_BUCKETS,
+            r, "vllm:e2e_request_latency_seconds", "Arrival to last token.", _LATENCY_BUCKETS,
             model_name,
         )  # fmt: skip
         self.success = Counter(
-            "tandem:request_success",
+            "vllm:request_success",
             "Requests finished, by finish reason.",
             labelnames=["model_name", "finished_reason"],
             registry=self.registry,
