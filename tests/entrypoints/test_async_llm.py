@@ -115,3 +115,32 @@ def test_worker_failure_marks_engine_dead():
         asyncio.run(refused())
     finally:
         eng.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["uni", "mp"])
+def test_an_abandoned_prefill_skips_its_queued_chunk(tmp_path, backend):
+    """A client leaves during a long chunked prefill: the abort applies while the loop waits for the running
+    chunk, and the chunk already queued behind it in the worker is skipped, not computed (the trace shows a
+    step executed without a forward); the ledgers stay whole (blocks all free)."""
+    eng = AsyncLLM("smollm2-135m-instruct", max_num_seqs=2, max_model_len=4096, max_num_batched_tokens=256,
+                   num_kv_blocks=512, async_scheduling=True, executor_backend=backend,
+                   trace_file=str(tmp_path / "t.json"))
+    try:
+        ids = eng.tokenizer.encode("lorem ipsum dolor sit amet " * 400)[:256 * 12]
+
+        async def leave_during_prefill() -> None:
+            stream = eng.add_request([Prompt(None, tuple(ids))], [SamplingParams(max_tokens=4)], "long")
+            await asyncio.sleep(1.0)  # a few of its 12 chunks are computed
+            stream.close()
+
+        asyncio.run(leave_during_prefill())
+        _wait_idle(eng, timeout=60)
+        deadline = time.monotonic() + 60
+        while eng.engine.core.has_unfinished_requests():  # the steps still queued have come back
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        names = [s.name for s in eng.engine.tracer.spans]
+        executed, forwards = names.count("execute"), names.count("forward")
+        assert forwards < 12 and executed - forwards >= 1, (executed, forwards)
+    finally:
+        eng.shutdown()

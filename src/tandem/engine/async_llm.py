@@ -118,6 +118,7 @@ class AsyncLLM:
         self._out = OutputProcessor(self.tokenizer)
         self._streams: dict[str, _Stream] = {}  # child request id -> its consumer (engine thread)
         self._cond = threading.Condition()
+        self.engine.core.while_waiting = self._aborts_while_waiting
         self._adds: list[tuple[list[MadeRequest], _Stream, float]] = []
         self._aborts: list[str] = []
         self._stopping = False
@@ -178,7 +179,8 @@ class AsyncLLM:
             yield delta
 
     def abort(self, request_ids: Sequence[str]) -> None:
-        """Thread-safe; applied by the engine thread before its next step."""
+        """Thread-safe; applied by the engine thread at once, even while it waits for a step (a step queued
+        in the worker that computes only aborted requests is then skipped: ``ModelRunner.abandon``)."""
         self._submit(aborts=list(request_ids))
 
     def _submit(
@@ -245,6 +247,15 @@ class AsyncLLM:
                 self._out.pop(req.request_id)
                 self._streams.pop(req.request_id, None)
             stream.put(exc)
+
+    def _aborts_while_waiting(self) -> None:
+        """Aborts that arrived while the loop waits for a step, applied at once (``EngineCore.while_waiting``):
+        a queued step that only computes abandoned requests (a long prefill chunk) is then skipped."""
+        with self._cond:
+            aborts, self._aborts = self._aborts, []
+        if aborts:
+            self._abort(aborts)
+            self._snapshot = collect_metrics(self.engine)
 
     def _abort(self, req_ids: list[str]) -> None:
         self.engine.core.abort_requests(req_ids)

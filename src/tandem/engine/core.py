@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from tandem.core.interface import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
@@ -26,6 +27,7 @@ from tandem.trace.tracer import NULL_TRACER, Tracer
 logger = logging.getLogger("tandem.engine")
 
 QUEUE_DEPTH = 2
+WAIT_POLL_S = 0.02  # how often a wait for a step runs ``while_waiting`` (when set)
 
 
 class EngineCore:
@@ -49,6 +51,9 @@ class EngineCore:
         # Diagnostic arm: the async scheduler, but the host waits for every step in flight before it
         # schedules the next one. Outputs are identical; overlap is gone (the trace analysis shows it).
         self.force_sync_before_launch = force_sync_before_launch
+        # Called every WAIT_POLL_S while the loop waits for a step (AsyncLLM: apply aborts that arrived, so
+        # a step still queued in the worker for an abandoned request is skipped, not computed).
+        self.while_waiting: Callable[[], None] | None = None
         self._queue: deque[tuple[SchedulerOutput, Future[ModelRunnerOutput]]] = deque()
         self.failed: BaseException | None = None
 
@@ -57,7 +62,10 @@ class EngineCore:
         self.scheduler.add_request(req)
 
     def abort_requests(self, req_ids: list[str]) -> list[str]:
-        return self.scheduler.abort_requests(req_ids)
+        done = self.scheduler.abort_requests(req_ids)
+        if done and self._queue:  # steps holding them may still wait in the worker: it may skip those
+            self.executor.abandon(done)
+        return done
 
     def finish_requests(self, req_ids: list[str], status: RequestStatus) -> list[str]:
         return self.scheduler.finish_requests(req_ids, status)
@@ -100,7 +108,14 @@ class EngineCore:
     def _wait(self, so: SchedulerOutput, fut: Future[ModelRunnerOutput]) -> ModelRunnerOutput:
         with self.tracer.span("wait_output", track="wait", step=so.step_id):
             try:
-                out = fut.result()
+                while self.while_waiting is not None:
+                    try:
+                        out = fut.result(timeout=WAIT_POLL_S)
+                        break
+                    except TimeoutError:
+                        self.while_waiting()
+                else:
+                    out = fut.result()
                 if not isinstance(out, ModelRunnerOutput):
                     out = out.materialize()  # deferred reconciliation: the host copy happens here
                 return out

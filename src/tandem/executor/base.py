@@ -52,6 +52,11 @@ class Executor(ABC):
     def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
         """Launch one step; returns at once. Steps run in submission order."""
 
+    def abandon(self, req_ids: list[str]) -> None:  # noqa: B027 - optional hook
+        """The engine aborted ``req_ids`` while steps that hold them may still be queued: a worker may skip
+        a queued step that computes nothing else (``ModelRunner.abandon``). Ranks of a tensor-parallel group
+        must skip alike, so executors with several ranks ignore it."""
+
     def shutdown(self) -> None:  # noqa: B027 - optional hook
         pass
 

@@ -32,6 +32,13 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
+class Abandon:
+    """Requests the engine aborted: applied by the receiver thread at once, ahead of queued steps."""
+
+    req_ids: list[str]
+
+
+@dataclass(frozen=True)
 class Ready:
     pid: int
     execution: dict[str, object]  # what this worker built (tandem.execution.built_execution)
@@ -83,6 +90,9 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
             except (EOFError, OSError):
                 inbox.put(Shutdown())  # the engine went away
                 return
+            if isinstance(msg, Abandon):
+                runner.abandon(msg.req_ids)
+                continue
             inbox.put(msg)
             if isinstance(msg, Shutdown):
                 return

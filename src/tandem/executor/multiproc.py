@@ -28,7 +28,7 @@ from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
 from tandem.distributed.fanout import RankAck, StepFanout
 from tandem.distributed.process_group import DistInit, file_init_method, rank_device
 from tandem.executor.base import Executor, ExecutorError
-from tandem.executor.mp_worker import Execute, Result, Shutdown, StartFailed, StepFailed
+from tandem.executor.mp_worker import Abandon, Execute, Result, Shutdown, StartFailed, StepFailed
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.worker import WorkerSpec
 
@@ -244,6 +244,14 @@ class MultiprocExecutor(Executor):
         for rank, proc in enumerate(self.processes):
             if proc.poll() is not None:
                 raise ExecutorError(f"worker process{self._label(rank)} died ({proc.poll()})")
+
+    def abandon(self, req_ids: list[str]) -> None:
+        if self.world_size > 1:  # the ranks could skip differently and leave lockstep
+            return
+        try:
+            self._conns[0].send(Abandon(list(req_ids)))
+        except (BrokenPipeError, OSError):
+            pass  # a dead worker is reported by the step it fails
 
     def shutdown(self) -> None:
         failed = self._fanout.dead is not None

@@ -42,5 +42,8 @@ class UniProcExecutor(Executor):
     def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
         return self._pool.submit(self.runner.execute_model, scheduler_output)
 
+    def abandon(self, req_ids: list[str]) -> None:
+        self.runner.abandon(req_ids)
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

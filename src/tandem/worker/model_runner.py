@@ -15,6 +15,8 @@ sampled ids on the host — the one device->host copy per step:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
@@ -73,10 +75,19 @@ class ModelRunner:
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler(self.sampler)
         self._pending: PendingStep | None = None  # deferred: the last step not reconciled yet
+        # Requests the engine aborted after scheduling steps that are still queued here
+        # (:meth:`abandon`); dropped when a step removes them.
+        self.abandoned: set[str] = set()
 
     # -- state -------------------------------------------------------------------------------------------
+    def abandon(self, req_ids: Iterable[str]) -> None:
+        """The engine aborted these requests (a client went away); a queued step that computes nothing else
+        is skipped (:meth:`_execute`). Called from the engine's thread: one set update, atomic."""
+        self.abandoned.update(req_ids)
+
     def _update_states(self, so: SchedulerOutput) -> None:
         gone = so.finished_req_ids | so.preempted_req_ids
+        self.abandoned.difference_update(gone)
         for rid in gone:
             self.states.pop(rid, None)
             self.dev.remove(rid)
@@ -101,6 +112,15 @@ class ModelRunner:
                 self.dev.set_blocks(slot, len(st.group_block_ids[g]), new, group=g + 1)
                 st.group_block_ids[g].extend(new)
 
+    def _only_abandoned(self, so: SchedulerOutput) -> bool:
+        """Whether every request of ``so`` was aborted after it was scheduled: then nothing of the step is
+        needed (a long prefill chunk of an abandoned request is not computed). Safe for the ledgers: the
+        scheduler ignores late outputs of finished requests, caches only blocks of steps that came back
+        (``Request.completed_frontier``), and the next step removes the requests here."""
+        if not self.abandoned or self.deferred or self._pending is not None:
+            return False
+        return all(rid in self.abandoned for rid in so.num_scheduled_tokens)
+
     # -- one step ----------------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | LazyRunnerOutput:
@@ -115,7 +135,7 @@ class ModelRunner:
         tr = self.tracer
         with tr.span("prepare_inputs", track="device", step=so.step_id):
             self._update_states(so)
-            if so.is_empty:
+            if so.is_empty or self._only_abandoned(so):
                 return ModelRunnerOutput.empty()
             stale = set(self._pending.req_ids) if self._pending is not None else set()
             step = prepare_inputs(
