@@ -305,10 +305,10 @@ def engine_config(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
     unknown = sorted(set(kw) - set(flags))
     if unknown:
         raise ValueError(f"unknown engine argument(s) {unknown}")
-    sections: dict[str, dict[str, Any]] = {"model": {"model": model}}
+    given: dict[str, dict[str, Any]] = {"model": {"model": model}}  # section -> its fields given
     for name, value in kw.items():
         if value is not None and flags[name].kind != "json":
-            sections.setdefault(flags[name].section, {})[name] = value
-    built = {name: f.default_factory(**sections.get(name, {}))  # type: ignore[misc]
-             for name, f in ((f.name, f) for f in fields(EngineConfig)) if name != "speculative"}
-    return EngineConfig(**built, speculative=SpeculativeConfig.from_any(kw.get("speculative_config")))
+            given.setdefault(flags[name].section, {})[name] = value
+    sections = {s.name: s.default_factory(**given.get(s.name, {}))  # type: ignore[misc]
+                for s in fields(EngineConfig) if s.name != "speculative"}
+    return EngineConfig(**sections, speculative=SpeculativeConfig.from_any(kw.get("speculative_config")))

@@ -72,11 +72,11 @@ def resolve_execution(device: torch.device | str) -> ExecutionPlan:
 def built_execution(model: CausalLM) -> dict[str, object]:
     """What ``model`` was built with, as a worker reports it: the plan's fields read back from the model and
     from this process's native libraries."""
-    return {
-        "attention_backend": model.attn_backend.name,
-        "linear_kernels": model.linear.name,
-        "native_decode": model._native_decode() is not None,
-        "native": native.enabled(),
-        "native_isa": native.default_isa(),
-        "compiled_isa": native.compiled_isa(),
-    }
+    return ExecutionPlan(
+        attention_backend=model.attn_backend.name,
+        linear_kernels=model.linear.name,
+        native_decode=model._native_decode() is not None,
+        native=native.enabled(),
+        native_isa=native.default_isa(),
+        compiled_isa=native.compiled_isa(),
+    ).as_dict()

@@ -28,6 +28,7 @@ import logging
 import re
 
 import torch
+from gguf import GGML_QUANT_SIZES
 
 from tandem.model import block_repack
 from tandem.model.block_quant import FLOAT_TYPES, KERNEL_TYPES, BlockQuantWeight, QType
@@ -235,8 +236,9 @@ def gguf_weight_plan(gf: GGUFFile, keep_quantized: bool, elem_bytes: int) -> tup
             total += info.nbytes
             types.add(type_name(info.ggml_type))
             if info.ggml_type == QType.Q5_0:  # whole groups of 16 rows widened to Q8_0 (BlockQuantWeight.repacked)
-                rows = info.shape[0]
-                total += (rows - rows % block_repack.GROUP) * (info.nbytes // rows) * 12 // 22
+                rows, blocks = info.shape[0], info.nbytes // GGML_QUANT_SIZES[QType.Q5_0][1]
+                extra = GGML_QUANT_SIZES[QType.Q8_0][1] - GGML_QUANT_SIZES[QType.Q5_0][1]
+                total += (rows - rows % block_repack.GROUP) * (blocks // rows) * extra
         else:
             total += n * elem_bytes
     return total, sorted(types)
