@@ -87,8 +87,9 @@ def widen_q5_0(data: np.ndarray) -> np.ndarray:
     ``q - 16`` times the same float16 ``d``. There is no interleaved Q5_0 kernel; widened, Q5_0 matrices take
     the interleaved Q8_0 one, at 34 bytes a block instead of 22."""
     rows, rb = data.shape
-    nb = rb // GGML_QUANT_SIZES[Q.Q5_0][1]
-    blocks = data.reshape(rows, nb, 22)
+    block_bytes = GGML_QUANT_SIZES[Q.Q5_0][1]
+    nb = rb // block_bytes
+    blocks = data.reshape(rows, nb, block_bytes)
     qh = blocks[..., 2:6].copy().view("<u4")  # [rows, nb, 1]: bit j is weight j's fifth bit
     high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [rows, nb, 32]
     qs = blocks[..., 6:]

@@ -26,8 +26,6 @@ _ABI = 5
 # order; 0 for other weights), then post_attn_norm, post_ffn_norm (0: none), the layer's KV cache group and
 # whether it takes the local RoPE rotations
 LAYER_PTRS = 21
-# per KV cache group: block_tables, bt_stride, seq_lens, req, q_start, q_len, num_reqs, slots, window
-GROUP_FIELDS = 9
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _MATRICES = ("qkv", "o_proj", "gate_up", "down")
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -228,7 +226,7 @@ class DecodeForwardKernel:
                 raise ValueError(f"native decode: {rows} rows, group {g}'s indices {ix.num_rows}")
             check_dense(slots, (rows,), torch.int64, f"group {g} slot_mapping")
             bt = ix.block_tables
-            fields.append([
+            fields.append([  # decode_forward.c GROUP_FIELDS, in its order
                 bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(), ix.req.data_ptr(), ix.q_start.data_ptr(),
                 ix.q_len.data_ptr(), ix.num_reqs, slots.data_ptr(), ix.window,
             ])  # fmt: skip
