@@ -35,7 +35,7 @@ class InlineExecutor(Executor):
     def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
         fut: Future[ModelRunnerOutput] = Future()
         try:
-            fut.set_result(self.runner.execute_model(scheduler_output))
+            fut.set_result(self.runner.execute_model(scheduler_output).materialize())
         except Exception as exc:
             fut.set_exception(exc)
         return fut

@@ -157,7 +157,7 @@ def test_gemma_shipped_draft_equals_no_spec_async_off_and_on() -> None:
     reference = [o.outputs[0] for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
     llm.shutdown()
     def the_gemma_draft(llm: LLM) -> None:
-        proposer = llm.engine.core.executor.runner.proposer
+        proposer = llm.engine.core.executor.runner.proposer.inner  # the draft model behind OnHost
         assert proposer.draft.args.num_hidden_layers == 6 and proposer.draft.args.family == "gemma3"
 
     stats = spec_equals_reference(reference, PROMPTS, GREEDY, label="draft_model", min_identical=0,

@@ -58,8 +58,8 @@ def _record(llm: LLM) -> list[tuple[list[int], list[int]]]:
 
     def propose(inp):  # type: ignore[no-untyped-def]
         out = inner(inp)
-        n = inp.dev.num_tokens.index_select(0, inp.slots).tolist()
-        rows = inp.dev.tokens.index_select(0, inp.slots).tolist()
+        n = inp.input_batch.num_tokens.index_select(0, inp.slots).tolist()
+        rows = inp.input_batch.tokens.index_select(0, inp.slots).tolist()
         caps = inp.max_drafts.tolist()
         for i, d in enumerate(out.tolist()):
             records.append((rows[i][: n[i]], d[: int(caps[i])]))

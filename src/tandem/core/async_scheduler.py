@@ -14,6 +14,7 @@ What changes with async (docs/SEMANTICS.md §3):
 from __future__ import annotations
 
 from tandem.core.interface import SchedulerOutput
+from tandem.core.limits import draft_slots, remaining_tokens
 from tandem.core.request import Request
 from tandem.core.scheduler import Scheduler
 
@@ -24,19 +25,14 @@ class AsyncScheduler(Scheduler):
     @staticmethod
     def _guaranteed_remaining(req: Request) -> int:
         """Tokens still allowed if each in-flight sampling step yields exactly its one sure token."""
-        guaranteed = sum(1 for step in req.inflight if step.samples)
-        limits = []
-        if req.max_tokens is not None:
-            limits.append(req.max_tokens - len(req.output_token_ids) - guaranteed)
-        if req.max_model_len is not None:
-            limits.append(req.max_model_len - req.num_tokens - guaranteed)
-        return min(limits) if limits else 1 << 30
+        sure = sum(1 for step in req.inflight if step.samples)
+        return remaining_tokens(req.num_tokens, len(req.prompt_token_ids), req.max_tokens, req.max_model_len, sure)
 
     def _can_schedule_running(self, req: Request) -> bool:
         return self._guaranteed_remaining(req) > 0
 
     def _max_draft_slots(self, req: Request) -> int:
-        return max(0, min(len(req.spec_token_ids), self._guaranteed_remaining(req) - 1))
+        return draft_slots(len(req.spec_token_ids), self._guaranteed_remaining(req))
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         super()._update_after_schedule(out)

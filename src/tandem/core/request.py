@@ -23,6 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from tandem.core.limits import remaining_tokens
 from tandem.core.stats import SpecDecodingStats
 from tandem.sampling_params import SamplingParams
 
@@ -155,13 +156,8 @@ class Request:
 
     def remaining_tokens(self) -> int:
         """How many more tokens may still be produced, counting those already in flight."""
-        produced = len(self.output_token_ids) + self.num_output_placeholders
-        limits = []
-        if self.max_tokens is not None:
-            limits.append(self.max_tokens - produced)
-        if self.max_model_len is not None:
-            limits.append(self.max_model_len - self.num_tokens - self.num_output_placeholders)
-        return min(limits) if limits else 1 << 30
+        return remaining_tokens(self.num_tokens, len(self.prompt_token_ids), self.max_tokens, self.max_model_len,
+                                self.num_output_placeholders)
 
     # -- invariants --------------------------------------------------------------------------------------
     def check_invariants(self, block_size: int | None = None) -> None:

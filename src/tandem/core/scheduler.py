@@ -30,6 +30,7 @@ from tandem.core.interface import (
     SchedulerOutput,
 )
 from tandem.core.kv_cache_manager import KVCacheManager
+from tandem.core.limits import draft_slots
 from tandem.core.request import InFlightStep, InvariantError, Request, RequestStatus
 from tandem.core.stats import SchedulerCounters
 from tandem.core.stop import check_stop
@@ -114,7 +115,7 @@ class Scheduler:
 
     def _max_draft_slots(self, req: Request) -> int:
         """Draft slots worth scheduling: never past max_tokens or max_model_len."""
-        return max(0, min(len(req.spec_token_ids), req.remaining_tokens() - 1))
+        return draft_slots(len(req.spec_token_ids), req.remaining_tokens())
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens

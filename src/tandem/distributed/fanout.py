@@ -42,16 +42,11 @@ def tokens_digest(sampled_token_ids: list[list[int]]) -> str:
     return h.hexdigest()
 
 
-def materialized(out: Any) -> ModelRunnerOutput:
-    """The runner's output as a ``ModelRunnerOutput`` (deferred reconciliation returns a lazy one)."""
-    return out if isinstance(out, ModelRunnerOutput) else out.materialize()
-
-
 def rank_reply(out: Any, rank: int, check_lockstep: bool) -> ModelRunnerOutput | RankAck:
     """What a rank sends back for a step: rank 0 its output, the others an acknowledgement."""
     if rank == 0:
-        return materialized(out)
-    digest = tokens_digest(materialized(out).sampled_token_ids) if check_lockstep else None
+        return out.materialize()
+    digest = tokens_digest(out.materialize().sampled_token_ids) if check_lockstep else None
     return RankAck(rank, digest)
 
 

@@ -116,8 +116,6 @@ class EngineCore:
                         self.while_waiting()
                 else:
                     out = fut.result()
-                if not isinstance(out, ModelRunnerOutput):
-                    out = out.materialize()  # deferred reconciliation: the host copy happens here
                 return out
             except ExecutorError:
                 raise

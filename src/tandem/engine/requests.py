@@ -11,6 +11,7 @@ import random
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from tandem.core.limits import prompt_fits
 from tandem.core.request import Request
 from tandem.engine.builder import Engine
 from tandem.engine.prompts import Prompt
@@ -51,7 +52,7 @@ class RequestFactory:
             raise ValueError("prompt is empty")
         if any(not 0 <= t < self.vocab_size for t in ids):
             raise ValueError(f"prompt_token_ids must lie in [0, {self.vocab_size})")
-        if len(ids) >= self.max_model_len:
+        if not prompt_fits(len(ids), self.max_model_len):
             raise ValueError(
                 f"prompt is {len(ids)} tokens, longer than max_model_len - 1 "
                 f"({self.max_model_len - 1}; "

@@ -17,6 +17,7 @@ from multiprocessing.connection import Client, Connection
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
 from tandem.distributed.fanout import rank_reply
 from tandem.trace.tracer import NULL_TRACER, Span, Tracer
+from tandem.worker.pending import PendingStep
 from tandem.worker.worker import WorkerSpec
 
 
@@ -51,7 +52,7 @@ class StartFailed:
 
 @dataclass(frozen=True)
 class Result:
-    output: ModelRunnerOutput
+    output: ModelRunnerOutput | PendingStep  # the runner's PendingStep until the sender materializes it
     spans: list[Span] = field(default_factory=list)
 
 
@@ -108,7 +109,7 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
             if isinstance(item, Result) and spec.tp_rank > 0:
                 # Tensor parallelism: rank 0 reports the step, the others acknowledge it.
                 item = rank_reply(item.output, spec.tp_rank, check_lockstep)
-            elif isinstance(item, Result) and not isinstance(item.output, ModelRunnerOutput):
+            elif isinstance(item, Result):
                 item = Result(item.output.materialize(), item.spans)  # host copy off the main loop
             try:
                 conn.send(item)

@@ -14,7 +14,24 @@ from tandem.executor.base import Executor
 from tandem.model.loader import Checkpoint
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.model_runner import ModelRunner
+from tandem.worker.pending import PendingStep
 from tandem.worker.worker import WorkerSpec, build_runner
+
+
+class _Materializing:
+    """The worker's future as the engine waits for it: the step's ``PendingStep`` is materialized (its host
+    copy read) on the engine's thread, so the worker thread goes on to the next step at once."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Future[PendingStep]) -> None:
+        self.inner = inner
+
+    def result(self, timeout: float | None = None) -> ModelRunnerOutput:
+        return self.inner.result(timeout).materialize()
+
+    def done(self) -> bool:
+        return self.inner.done()
 
 
 class UniProcExecutor(Executor):
@@ -40,7 +57,7 @@ class UniProcExecutor(Executor):
         return executor
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
-        return self._pool.submit(self.runner.execute_model, scheduler_output)
+        return _Materializing(self._pool.submit(self.runner.execute_model, scheduler_output))  # type: ignore[return-value]
 
     def abandon(self, req_ids: list[str]) -> None:
         self.runner.abandon(req_ids)

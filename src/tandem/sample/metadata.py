@@ -136,15 +136,17 @@ class SamplingMetadata:
 
     @classmethod
     def build(
-        cls, rows: Sequence[RowSpec], vocab_size: int, device: torch.device | str
+        cls, rows: Sequence[RowSpec], vocab_size: int, device: torch.device | str, checked: bool = False
     ) -> SamplingMetadata:
+        """``checked``: the caller validated every row's parameters and EOS ids already (the worker does
+        when a request is admitted), so they are not checked again here."""
         if not rows:
             raise ValueError("rows must not be empty")
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be positive, got {vocab_size}")
         device = torch.device(device)
         params = [row.params for row in rows]
-        for row in rows:
+        for row in () if checked else rows:
             row.params.check_vocab(vocab_size)
             for tid in row.eos_token_ids:
                 if not 0 <= tid < vocab_size:

@@ -218,7 +218,7 @@ class DraftHeadProposer(Proposer):
     def _segments(self, inp: ProposeInput) -> tuple[list[int], list[int]]:
         """Device-state slot of every request (segment) of the target batch, and the segment of each
         sampling request; the other segments are the prefill chunks, in batch order."""
-        qsl, slot_of = inp.batch.query_start_loc, inp.dev.slot_of
+        qsl, slot_of = inp.batch.query_start_loc, inp.input_batch.slot_of
         seg_slot = [-1] * inp.batch.num_reqs
         seg_of_req = []
         for st, rows in zip(inp.states, inp.sample_rows):
@@ -232,7 +232,7 @@ class DraftHeadProposer(Proposer):
         return seg_slot, seg_of_req
 
     def propose(self, inp: ProposeInput) -> torch.Tensor:
-        batch, dev, k = inp.batch, inp.dev, self.k
+        batch, dev, k = inp.batch, inp.input_batch, self.k
         device = batch.input_ids.device
         n_req = len(inp.states)
         seg_slot, seg_of_req = self._segments(inp)

@@ -1,7 +1,7 @@
 """N-gram prompt lookup: propose the tokens that followed the most recent earlier occurrence of the
 context's longest suffix n-gram (n from ``prompt_lookup_max`` down to ``prompt_lookup_min``).
 
-Device-native: it searches the runner's device token history (``DeviceState.tokens``, which already
+Device-native: it searches the runner's device token history (``InputBatch.tokens``, which already
 holds the tokens just accepted) with batched tensor ops and returns a [B, k] draft tensor, so neither the
 engine nor the worker needs a host copy of the context. Contexts are right-aligned into a common window
 (``W`` = the longest host-known context, an upper bound) so every suffix ends in the last column.
@@ -37,9 +37,9 @@ class NgramProposer(Proposer):
     def propose(self, inp: ProposeInput) -> torch.Tensor:
         # Upper bound on the context length, known on the host: the mirror lags at most one verify.
         width = max(st.num_tokens for st in inp.states) + inp.sampled.shape[1]
-        width = min(width, inp.dev.width - 1)
-        lengths = inp.dev.num_tokens.index_select(0, inp.slots)
-        rows = inp.dev.tokens.index_select(0, inp.slots)[:, :width]
+        width = min(width, inp.input_batch.width - 1)
+        lengths = inp.input_batch.num_tokens.index_select(0, inp.slots)
+        rows = inp.input_batch.tokens.index_select(0, inp.slots)[:, :width]
         return propose_ngram(rows, lengths, self.min_n, self.max_n, inp.max_drafts, self.k)
 
 

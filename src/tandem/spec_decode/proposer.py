@@ -3,8 +3,9 @@
 A proposer runs on the worker right after the target step has sampled. A *device-native* proposer reads
 everything from the device (the runner's ``DeviceState`` already holds the tokens just accepted; the
 target's hidden states are on the device) and returns drafts as a device tensor, so nothing waits for
-the host. A host-side proposer (``device_native = False``) gets this step's tokens applied to the host
-request states first — a wait the runner traces as ``wait_accepted_counts``.
+the host. A host-side proposer (``device_native = False``) runs behind the ``OnHost`` adapter, which first waits for
+this step's tokens and applies them to the host records (traced as ``wait_accepted_counts``) and turns the
+lists it returns into the device tensor every proposer returns; the runner knows one kind of proposer.
 
 With async scheduling the drafts stay on the worker (``DeviceState.drafts``) and the host scheduler only
 sees ``-1`` slots; with sync scheduling they also travel to the host in ``ModelRunnerOutput``.
@@ -14,6 +15,7 @@ Each proposer class declares whether it supports async scheduling; the async dec
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -28,7 +30,8 @@ if TYPE_CHECKING:
 
     from tandem.config import SpeculativeConfig
     from tandem.model.model_args import ModelArgs
-    from tandem.worker.device_state import DeviceState
+    from tandem.trace.tracer import Tracer
+    from tandem.worker.input_batch import InputBatch
 
 
 @dataclass
@@ -36,8 +39,8 @@ class ProposeInput:
     """What the target step leaves for the proposer, for the requests that sampled this step."""
 
     states: list[RequestState]  # host mirrors (this step's tokens applied only for host proposers)
-    slots: torch.Tensor  # [B] rows of the device state
-    dev: DeviceState  # tokens / num_tokens already include this step's accepted + bonus tokens
+    slots: torch.Tensor  # [B] slots of the input batch
+    input_batch: InputBatch  # tokens / num_tokens already include this step's accepted + bonus tokens
     sampled: torch.Tensor  # [B, K+1] this step's tokens, -1 padded
     max_drafts: torch.Tensor  # [B] exact cap per request (max_tokens / max_model_len), device
     batch: ForwardBatch  # the target step's batch
@@ -48,6 +51,10 @@ class ProposeInput:
     # Requests that advanced this step without sampling (prefill chunks): drafters with their own KV
     # catch up on them so a prefix cached later is valid for the draft too.
     prefill_states: list[RequestState] = field(default_factory=list)
+    step_id: int = 0
+    # The runner's hook that appends this step's tokens to the host records (``OnHost`` calls it).
+    apply_tokens: Callable[[list[list[int]]], None] | None = None
+    tokens_applied: bool = False
     # Host copies, filled for host-side proposers only.
     num_accepted: list[int] | None = None
     max_drafts_host: list[int] | None = None
@@ -99,3 +106,32 @@ class Proposer(ABC):
 
     def remove_requests(self, req_ids: set[str]) -> None:  # noqa: B027 - optional hook
         """Forget per-request state (finished / preempted)."""
+
+
+class OnHost(Proposer):
+    """A host-side proposer behind the device interface: the runner calls every proposer the same way."""
+
+    def __init__(self, inner: Proposer, max_model_len: int, tracer: Tracer) -> None:
+        super().__init__(inner.k)
+        self.inner, self.max_model_len, self.tracer = inner, max_model_len, tracer
+        self.method = inner.method
+        self.aux_hidden_layers = inner.aux_hidden_layers
+        self.needs_lookahead_slots = inner.needs_lookahead_slots
+        self.needs_prefill_steps = inner.needs_prefill_steps
+
+    def propose(self, inp: ProposeInput) -> torch.Tensor:
+        assert inp.apply_tokens is not None
+        with self.tracer.span("wait_accepted_counts", track="wait", step=inp.step_id):
+            lists = [[t for t in row if t >= 0] for row in inp.sampled.tolist()]
+        inp.apply_tokens(lists)
+        inp.tokens_applied = True
+        inp.num_accepted = [len(t) - 1 for t in lists]
+        inp.max_drafts_host = [st.max_drafts(self.k, self.max_model_len) for st in inp.states]
+        drafts = self.inner.propose(inp)
+        assert isinstance(drafts, list)
+        k = self.k
+        return torch.tensor([(d + [-1] * k)[:k] for d in drafts], dtype=torch.int64).view(len(drafts), k).to(
+            inp.slots.device)
+
+    def remove_requests(self, req_ids: set[str]) -> None:
+        self.inner.remove_requests(req_ids)

@@ -1,8 +1,8 @@
 """Turn a ``SchedulerOutput`` into one flat ``ForwardBatch``, reading step-dependent values from the
-device (``DeviceState``), never from a host copy of the previous step's results.
+persistent input batch on the device (``InputBatch``), never from a host copy of the previous step's results.
 
 Per scheduled request (batch order = the scheduler's order) with n tokens of which k are draft slots:
-- positions start at the request's true frontier on the device (``DeviceState.num_computed``), which the
+- positions start at the request's true frontier on the device (``InputBatch.num_computed``), which the
   previous step advanced by its *accepted* count: this is where positions, slot mapping and sequence
   lengths are corrected for rejected drafts;
 - the n - k known tokens are gathered from the device token history (the previous step appended its
@@ -24,7 +24,7 @@ import torch
 
 from tandem.core.interface import SchedulerOutput
 from tandem.model.forward_batch import ForwardBatch
-from tandem.worker.device_state import DeviceState
+from tandem.worker.input_batch import InputBatch
 from tandem.worker.request_state import RequestState
 
 
@@ -69,8 +69,7 @@ class StepInputs:
 
 def prepare_inputs(
     so: SchedulerOutput,
-    states: dict[str, RequestState],
-    dev: DeviceState,
+    ib: InputBatch,
     *,
     block_size: int,
     stale: set[str],
@@ -83,8 +82,8 @@ def prepare_inputs(
     slots, n_list = [], []
     row_slot, row_offset, row_draft = [], [], []  # per row: slot, offset in request, draft index or -1
     for rid, n in so.num_scheduled_tokens.items():
-        st = states[rid]
-        slot = dev.slot_of[rid]
+        st = ib.reqs[rid]
+        slot = st.slot
         host_slots = so.scheduled_spec_decode_tokens.get(rid, [])
         k = len(host_slots)
         exact = rid not in stale
@@ -125,27 +124,27 @@ def prepare_inputs(
     # Sync scheduling: the host's drafts are authoritative; put them where the gather reads drafts.
     for p in plans:
         if p.host_drafts is not None:
-            dev.drafts[p.slot, : p.num_slots] = t(p.host_drafts)
-            dev.drafts[p.slot, p.num_slots :] = -1
+            ib.drafts[p.slot, : p.num_slots] = t(p.host_drafts)
+            ib.drafts[p.slot, p.num_slots :] = -1
     slots_t = t(slots)
-    base = dev.num_computed.index_select(0, slots_t)
+    base = ib.num_computed.index_select(0, slots_t)
     row_slot_t, row_draft_t = t(row_slot), t(row_draft)
     req_of_row = torch.repeat_interleave(torch.arange(len(plans), device=device), t(n_list))
     positions = base.index_select(0, req_of_row) + t(row_offset)
-    history = dev.tokens[row_slot_t, positions.clamp(max=dev.trash)]
-    drafts = dev.drafts[row_slot_t, row_draft_t.clamp(min=0)]
+    history = ib.tokens[row_slot_t, positions.clamp(max=ib.trash)]
+    drafts = ib.drafts[row_slot_t, row_draft_t.clamp(min=0)]
     ids = torch.where(row_draft_t >= 0, drafts, history).clamp(min=0)
     block_col = torch.div(positions, block_size, rounding_mode="floor")
     slot_in_block = positions % block_size
-    slot_mapping = dev.block_table[row_slot_t, block_col] * block_size + slot_in_block
+    slot_mapping = ib.block_table[row_slot_t, block_col] * block_size + slot_in_block
     width = max(-(-s // block_size) for s in seq_lens)
     batch = ForwardBatch(
         input_ids=ids,
         positions=positions,
         slot_mapping=slot_mapping,
-        group_block_tables=[t.index_select(0, slots_t)[:, :width] for t in dev.group_block_tables],
-        group_slot_mappings=[t[row_slot_t, block_col] * block_size + slot_in_block for t in dev.group_block_tables],
-        block_tables=dev.block_table.index_select(0, slots_t)[:, :width],
+        group_block_tables=[t.index_select(0, slots_t)[:, :width] for t in ib.group_block_tables],
+        group_slot_mappings=[t[row_slot_t, block_col] * block_size + slot_in_block for t in ib.group_block_tables],
+        block_tables=ib.block_table.index_select(0, slots_t)[:, :width],
         query_start_loc=qsl,
         seq_lens=seq_lens,
         logits_indices=t(logits_rows) if logits_rows else None,

@@ -2,15 +2,16 @@
 or verify, commit on the device, propose the next drafts on the device, report.
 
 Runs on the worker (a thread of the engine process, or a worker process). It never touches scheduler
-objects. Each request lives twice on the worker: ``DeviceState`` (what the next step's inputs are read
-from; updated with device ops only) and ``RequestState`` (the host mirror used for sampling metadata,
-host-side proposers and outputs). Reconciling the host mirror with a step's results needs that step's
-sampled ids on the host — the one device->host copy per step:
-- default: the runner reconciles at the end of the step (a wait on the worker, traced as
-  ``wait_accepted_counts``) before returning its output;
-- ``deferred_reconciliation``: the runner returns at once and reconciles step N only after step N+1's
-  forward has been launched, from inputs that the device corrected itself (positions, slot mapping,
-  sequence lengths, input ids). The engine materializes step N's output from the same copy.
+objects. Each running request holds one slot of the persistent ``InputBatch``: its device row (what the
+next step's inputs are read from; updated with device ops only), its sampling columns and its host record
+(``RequestState``: sampling context, host-side proposers, outputs).
+
+One mode of execution: every step returns a ``PendingStep`` (the step's device tensors and their one
+device->host copy), which the engine side materializes. Reconciling the host records with a step's
+results needs that copy; only *when* the runner reads it differs:
+- default: at the end of the step (a wait on the worker, traced as ``wait_accepted_counts``);
+- ``deferred_reconciliation``: after step N+1's forward has been launched, from inputs that the device
+  corrected itself (positions, slot mapping, sequence lengths, input ids).
 """
 
 from __future__ import annotations
@@ -19,18 +20,18 @@ from collections.abc import Iterable
 
 import torch
 
-from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
+from tandem.core.interface import SchedulerOutput
+from tandem.core.limits import remaining_tokens
 from tandem.model.forward_batch import KVCache
 from tandem.model.transformer import CausalLM
 from tandem.sample import RejectionSampler, RowSpec, Sampler, SamplingMetadata
 from tandem.sample.sampler import LogprobsTensors, compute_logprobs
-from tandem.spec_decode.proposer import ProposeInput, Proposer
+from tandem.spec_decode.proposer import OnHost, ProposeInput, Proposer
 from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
-from tandem.worker.device_state import DeviceState
+from tandem.worker.input_batch import InputBatch
 from tandem.worker.input_prep import RequestPlan, StepInputs, prepare_inputs
-from tandem.worker.pending import LazyRunnerOutput, PendingStep, PromptLogprobs
-from tandem.worker.request_state import RequestState
+from tandem.worker.pending import PendingStep, PromptLogprobs
 
 
 class ModelRunner:
@@ -58,6 +59,8 @@ class ModelRunner:
         self.eos_token_ids = tuple(sorted(eos_token_ids))
         self.async_scheduling = async_scheduling
         self.deferred = deferred_reconciliation
+        if proposer is not None and not proposer.device_native:
+            proposer = OnHost(proposer, max_model_len, tracer)
         self.proposer = proposer
         self.k = num_spec_tokens if proposer is not None else 0
         self.tracer = tracer
@@ -67,11 +70,13 @@ class ModelRunner:
         self.structured = structured
         self.device = model.device
         self.vocab_size = model.args.vocab_size
-        self.states: dict[str, RequestState] = {}
+        bad = [t for t in eos_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"eos_token_ids: {bad[0]} is outside the vocabulary ({self.vocab_size})")
         max_blocks = -(-(max_model_len + self.k + 1) // self.block_size)
         # Room for requests the scheduler already finished but whose removal arrives with a later step.
-        self.dev = DeviceState(2 * max_num_seqs + 2, max_model_len, max_blocks, self.k, self.device,
-                               num_groups=len(model.kv_groups))
+        self.batch = InputBatch(2 * max_num_seqs + 2, max_model_len, max_blocks, self.k, self.device,
+                                vocab_size=self.vocab_size, num_groups=len(model.kv_groups))
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler(self.sampler)
         self._pending: PendingStep | None = None  # deferred: the last step not reconciled yet
@@ -87,30 +92,19 @@ class ModelRunner:
 
     def _update_states(self, so: SchedulerOutput) -> None:
         gone = so.finished_req_ids | so.preempted_req_ids
-        self.abandoned.difference_update(gone)
-        for rid in gone:
-            self.states.pop(rid, None)
-            self.dev.remove(rid)
-        if gone and self.proposer is not None:
-            self.proposer.remove_requests(gone)
-        if gone and self.structured is not None:
-            self.structured.remove_requests(gone)
+        if gone:
+            self.abandoned.difference_update(gone)
+            for rid in gone:
+                self.batch.remove(rid)
+            if self.proposer is not None:
+                self.proposer.remove_requests(gone)
+            if self.structured is not None:
+                self.structured.remove_requests(gone)
         for nr in so.scheduled_new_reqs:
-            st = RequestState.from_new(nr)
+            self.batch.add(nr)
             if self.structured is not None:  # a resumed request replays its committed outputs
                 self.structured.add_request(nr.req_id, nr.sampling_params, nr.output_token_ids)
-            self.states[nr.req_id] = st
-            self.dev.add(nr.req_id, st.all_tokens(), nr.num_computed_tokens, st.block_ids, st.group_block_ids)
-        for cr in so.scheduled_cached_reqs:
-            st = self.states[cr.req_id]
-            slot = self.dev.slot_of[cr.req_id]
-            self.dev.set_blocks(slot, len(st.block_ids), cr.new_block_ids)
-            st.block_ids.extend(cr.new_block_ids)
-            for g, new in enumerate(cr.new_group_block_ids):
-                if g == len(st.group_block_ids):
-                    st.group_block_ids.append([])
-                self.dev.set_blocks(slot, len(st.group_block_ids[g]), new, group=g + 1)
-                st.group_block_ids[g].extend(new)
+        self.batch.append_blocks(so.scheduled_cached_reqs)
 
     def _only_abandoned(self, so: SchedulerOutput) -> bool:
         """Whether every request of ``so`` was aborted after it was scheduled: then nothing of the step is
@@ -123,7 +117,7 @@ class ModelRunner:
 
     # -- one step ----------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | LazyRunnerOutput:
+    def execute_model(self, so: SchedulerOutput) -> PendingStep:
         # The "execute" span is the step's device window: the trace analysis measures how much of the
         # host's scheduling of the next step falls inside it.
         with self.tracer.span("execute", track="device", step=so.step_id) as span:
@@ -131,16 +125,14 @@ class ModelRunner:
             span.args["reqs"] = so.num_reqs
         return out
 
-    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput | LazyRunnerOutput:
+    def _execute(self, so: SchedulerOutput) -> PendingStep:
         tr = self.tracer
         with tr.span("prepare_inputs", track="device", step=so.step_id):
             self._update_states(so)
             if so.is_empty or self._only_abandoned(so):
-                return ModelRunnerOutput.empty()
+                return PendingStep.empty(self.device)
             stale = set(self._pending.req_ids) if self._pending is not None else set()
-            step = prepare_inputs(
-                so, self.states, self.dev, block_size=self.block_size, stale=stale, device=self.device
-            )
+            step = prepare_inputs(so, self.batch, block_size=self.block_size, stale=stale, device=self.device)
         aux = self.proposer.aux_hidden_layers if self.proposer is not None else ()
         with tr.span("forward", track="device", step=so.step_id, tokens=step.batch.num_tokens):
             fwd = self.model(step.batch, self.kv_cache, aux_hidden_layers=aux)
@@ -184,47 +176,80 @@ class ModelRunner:
             tokens_applied=applied,
         )
         if self.deferred:
-            self._pending = pending
-            return LazyRunnerOutput(pending)
-        with tr.span("wait_accepted_counts", track="wait", step=so.step_id):
-            self._reconcile(pending)
-        return pending.materialize()
+            self._pending = pending  # reconciled after the next step's forward is launched
+        else:
+            with tr.span("wait_accepted_counts", track="wait", step=so.step_id):
+                self._reconcile(pending)
+        return pending
 
     # -- sampling ----------------------------------------------------------------------------------------
-    def _host_drafts(self, p: RequestPlan) -> list[int]:
-        drafts = p.host_drafts if p.host_drafts is not None else p.state.drafts
-        return (list(drafts[: p.num_slots]) + [-1] * p.num_slots)[: p.num_slots]
+    def _verified_drafts(self, plans: list[RequestPlan]) -> list[list[int]]:
+        """Per request: the drafts really verified this step (the valid prefix of its slots, within limits)."""
+        out = []
+        for p in plans:
+            if not p.num_slots:
+                out.append([])
+                continue
+            drafts = p.host_drafts if p.host_drafts is not None else p.state.drafts
+            drafts = list(drafts[: p.num_slots])
+            valid = 0
+            while valid < len(drafts) and drafts[valid] >= 0:
+                valid += 1
+            out.append(drafts[: min(valid, p.state.max_drafts(self.k, self.max_model_len))])
+        return out
 
     def _sample(
         self, step: StepInputs, plans: list[RequestPlan], logits: torch.Tensor
     ) -> tuple[torch.Tensor, LogprobsTensors | None, list[int], list[int]]:
         """Sampled ids [B, K+1], logprobs, verified drafts and grammar-cut drafts per request."""
-        drafts_of: list[list[int]] = []  # per request: the drafts really verified, no -1
-        for p in plans:
-            st, drafts = p.state, self._host_drafts(p)
-            valid = 0
-            while valid < len(drafts) and drafts[valid] >= 0:
-                valid += 1
-            drafts_of.append(drafts[: min(valid, st.max_drafts(self.k, self.max_model_len))])
+        drafts_of = self._verified_drafts(plans)
         masks = None
-        if self.structured is not None:
+        structured = self.structured
+        if structured is not None and structured.grammars:
             # Grammar masks for every verify row; drafts the grammar refuses are cut (invalid).
-            masks = self.structured.verify_masks(
-                [p.req_id for p in plans], drafts_of, [p.num_slots + 1 for p in plans]
-            )
+            masks = structured.verify_masks([p.req_id for p in plans], drafts_of, [p.num_slots + 1 for p in plans])
         num_valid = masks.num_valid if masks is not None else [len(d) for d in drafts_of]
         num_invalid = [len(d) - n for d, n in zip(drafts_of, num_valid)]
-        rows = []
-        for p, drafts, n_valid in zip(plans, drafts_of, num_valid):
-            st, drafts = p.state, drafts[:n_valid]
-            bad = (
-                self.structured.bad_words_ids(st.sampling_params.bad_words)
-                if self.structured is not None
-                else ()
-            )
-            for j in range(p.num_slots + 1):
-                rows.append(
-                    RowSpec(
+        idx = [step.row_to_logit[r] for p in plans for r in p.sample_rows]
+        if idx == list(range(logits.shape[0])):
+            rows_logits = logits  # every logits row samples, in order (plain decode): no [N, V] copy
+        else:
+            rows_logits = logits.index_select(0, torch.tensor(idx, device=logits.device))
+        if masks is not None:
+            rows_logits = masks.apply(rows_logits)
+        meta = self._sampling_metadata(plans, drafts_of, num_valid)
+        if not any(p.num_slots for p in plans):
+            out = self.sampler(rows_logits, meta)
+            return out.sampled_token_ids.view(-1, 1), out.logprobs, num_valid, num_invalid
+        # Fixed width k: the uniforms drawn per request must not depend on the batch.
+        slots = torch.tensor([p.slot for p in plans], device=self.device)
+        draft_ids = self.batch.drafts.index_select(0, slots)[:, : self.k].clone()
+        keep = torch.arange(self.k, device=self.device) < torch.tensor(num_valid, device=self.device).unsqueeze(1)
+        draft_ids = torch.where(keep, draft_ids, torch.full_like(draft_ids, -1))
+        res = self.rejection_sampler(rows_logits, meta, draft_ids, [p.num_slots for p in plans])
+        return res.output_token_ids, res.logprobs, num_valid, num_invalid
+
+    def _sampling_metadata(
+        self, plans: list[RequestPlan], drafts_of: list[list[int]], num_valid: list[int]
+    ) -> SamplingMetadata:
+        """From the batch's sampling columns; row by row only when a request needs its token history
+        (penalties, bad words, min_tokens) or per-token lists (logit bias, allowed ids)."""
+        with self.tracer.span("sampling_metadata", track="device"):
+            columns = self.batch.sampling
+            if not columns.any_special([p.slot for p in plans]):
+                row_slots, positions = [], []
+                for p in plans:
+                    n_out = len(p.state.output_token_ids)
+                    for j in range(p.num_slots + 1):
+                        row_slots.append(p.slot)
+                        positions.append(n_out + j)
+                return columns.metadata(row_slots, positions)
+            rows = []
+            for p, drafts, n_valid in zip(plans, drafts_of, num_valid):
+                st, drafts = p.state, drafts[:n_valid]
+                bad = self.structured.bad_words_ids(st.sampling_params.bad_words) if self.structured else ()
+                for j in range(p.num_slots + 1):
+                    rows.append(RowSpec(
                         params=st.sampling_params,
                         prompt_token_ids=st.prompt_token_ids,
                         # context = committed outputs + the valid draft prefix; never a -1 slot
@@ -233,26 +258,8 @@ class ModelRunner:
                         position=len(st.output_token_ids) + j,
                         eos_token_ids=self.eos_token_ids,
                         bad_words_token_ids=bad,
-                    )
-                )
-        idx = [step.row_to_logit[r] for p in plans for r in p.sample_rows]
-        if idx == list(range(logits.shape[0])):
-            rows_logits = logits  # every logits row samples, in order (plain decode): no [N, V] copy
-        else:
-            rows_logits = logits.index_select(0, torch.tensor(idx, device=logits.device))
-        if masks is not None:
-            rows_logits = masks.apply(rows_logits)
-        meta = SamplingMetadata.build(rows, self.vocab_size, logits.device)
-        if not any(p.num_slots for p in plans):
-            out = self.sampler(rows_logits, meta)
-            return out.sampled_token_ids.view(-1, 1), out.logprobs, num_valid, num_invalid
-        # Fixed width k: the uniforms drawn per request must not depend on the batch.
-        slots = torch.tensor([p.slot for p in plans], device=self.device)
-        draft_ids = self.dev.drafts.index_select(0, slots)[:, : self.k].clone()
-        keep = torch.arange(self.k, device=self.device) < torch.tensor(num_valid, device=self.device).unsqueeze(1)
-        draft_ids = torch.where(keep, draft_ids, torch.full_like(draft_ids, -1))
-        res = self.rejection_sampler(rows_logits, meta, draft_ids, [p.num_slots for p in plans])
-        return res.output_token_ids, res.logprobs, num_valid, num_invalid
+                    ))
+            return SamplingMetadata.build(rows, self.vocab_size, self.device, checked=True)
 
     def _prompt_logprobs(self, step: StepInputs, logits: torch.Tensor) -> dict[str, PromptLogprobs]:
         """Device tensors; the host sees them with the step's one copy (``PendingStep``)."""
@@ -278,38 +285,42 @@ class ModelRunner:
             known = torch.tensor([step.plans[i].num_known for i in idx], device=self.device)
             accepted = (sampled >= 0).sum(dim=1) - 1
             slots = torch.tensor([step.plans[i].slot for i in idx], device=self.device)
-            self.dev.commit(slots, sampled, step.base.index_select(0, i_t) + known + accepted)
+            self.batch.commit(slots, sampled, step.base.index_select(0, i_t) + known + accepted)
         for i, p in enumerate(step.plans):
             if not p.samples:  # prefill chunk: frontier exact on the host too
-                self.dev.num_computed[p.slot] = step.base[i] + p.num_tokens
+                self.batch.num_computed[p.slot] = step.base[i] + p.num_tokens
                 p.state.num_computed_tokens += p.num_tokens
 
     def _apply_tokens(self, plans: list[RequestPlan], sampled: list[list[int]]) -> None:
+        reqs, structured = self.batch.reqs, self.structured
+        grammars = structured is not None and structured.grammars
         for p, toks in zip(plans, sampled):
-            st = self.states.get(p.req_id)
-            if st is None or st is not p.state:
+            st = p.state
+            if reqs.get(st.req_id) is not st:
                 continue  # finished or preempted meanwhile
-            st.num_computed_tokens += p.num_known + len(toks) - 1
+            st.num_computed_tokens += p.num_tokens - p.num_slots + len(toks) - 1
             st.output_token_ids.extend(toks)
-            if self.structured is not None:
-                self.structured.accept(p.req_id, toks)
+            if grammars:
+                structured.accept(st.req_id, toks)  # type: ignore[union-attr]
 
     def _reconcile(self, pending: PendingStep) -> None:
-        """Host mirror: append the step's sampled tokens, frontier by accepted count, keep the drafts."""
+        """Host records: append the step's sampled tokens, frontier by accepted count, keep the drafts."""
         sampled, drafts = pending.host()
         if not pending.tokens_applied:
             self._apply_tokens(pending.sampling, sampled)
-        for i, p in enumerate(pending.sampling):
-            if self.states.get(p.req_id) is p.state:
-                p.state.drafts = drafts[i] if drafts is not None else []
+        if drafts is not None:
+            reqs = self.batch.reqs
+            for p, d in zip(pending.sampling, drafts):
+                if reqs.get(p.req_id) is p.state:
+                    p.state.drafts = d
 
     def _propose(
         self, step_id: int, step: StepInputs, sampled: torch.Tensor, fwd: object
     ) -> tuple[torch.Tensor, bool]:
-        """Next drafts [B, k] (-1 padded) on the device; True when host tokens were applied."""
+        """Next drafts [B, k] (-1 padded) on the device; True when the proposer already applied this step's
+        tokens to the host records (a host-side drafter, ``OnHost``)."""
         assert self.proposer is not None
         plans = step.sampling
-        applied = False
         with self.tracer.span("propose", track="device", step=step_id, reqs=len(plans)):
             slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=self.device)
             hidden = {-1: fwd.hidden_states}  # type: ignore[attr-defined]
@@ -318,36 +329,25 @@ class ModelRunner:
             inp = ProposeInput(
                 states=[p.state for p in plans],
                 slots=slots,
-                dev=self.dev,
+                input_batch=self.batch,
                 sampled=sampled,
                 max_drafts=self._max_drafts(plans, slots),
                 batch=step.batch,
                 hidden_states=hidden,
                 sample_rows=[p.sample_rows for p in plans],
                 prefill_states=[p.state for p in step.plans if not p.samples],
+                step_id=step_id,
+                apply_tokens=lambda lists: self._apply_tokens(plans, lists),
             )
-            if not self.proposer.device_native:
-                # A host-side drafter needs this step's tokens on the host: apply them now (a wait).
-                with self.tracer.span("wait_accepted_counts", track="wait", step=step_id):
-                    lists = [[t for t in row if t >= 0] for row in sampled.tolist()]
-                self._apply_tokens(plans, lists)
-                applied = True
-                inp.num_accepted = [len(t) - 1 for t in lists]
-                inp.max_drafts_host = [p.state.max_drafts(self.k, self.max_model_len) for p in plans]
             drafts = self.proposer.propose(inp)
-            if isinstance(drafts, list):
-                drafts = torch.tensor(
-                    [(d + [-1] * self.k)[: self.k] for d in drafts], dtype=torch.int64
-                ).to(self.device).view(len(plans), self.k)
-            self.dev.set_drafts(slots, drafts)
-        return drafts, applied
+            assert isinstance(drafts, torch.Tensor)
+            self.batch.set_drafts(slots, drafts)
+        return drafts, inp.tokens_applied
 
     def _max_drafts(self, plans: list[RequestPlan], slots: torch.Tensor) -> torch.Tensor:
         """Exact per-request draft cap on the device: never past max_tokens or max_model_len."""
-        n_tokens = self.dev.num_tokens.index_select(0, slots)
+        n_tokens = self.batch.num_tokens.index_select(0, slots)
         prompt = torch.tensor([p.state.num_prompt_tokens for p in plans], device=self.device)
-        max_tok = torch.tensor(
-            [p.state.sampling_params.max_tokens or (1 << 40) for p in plans], device=self.device
-        )
-        limit = torch.minimum(self.max_model_len - n_tokens - 1, max_tok - (n_tokens - prompt) - 1)
-        return limit.clamp(min=0, max=self.k)
+        max_tok = torch.tensor([p.state.sampling_params.max_tokens or (1 << 40) for p in plans], device=self.device)
+        left = remaining_tokens(n_tokens, prompt, max_tok, self.max_model_len, minimum=torch.minimum)
+        return (left - 1).clamp(min=0, max=self.k)

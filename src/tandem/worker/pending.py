@@ -1,10 +1,11 @@
 """A step's results while they are still device tensors, and their one-time copy to the host.
 
-``PendingStep`` holds what a step produced on the device (sampled tokens, next drafts, logprobs). Its
-host copy (``host()``) is taken once, by whoever needs it first: the runner reconciling its own request
-states, or the engine / the mp sender thread materializing the ``ModelRunnerOutput``. With deferred
-reconciliation the runner does not take it before launching the next step; on CUDA the copy is started
-asynchronously right after sampling (pinned memory) and waiting for it is the only sync.
+``PendingStep`` is what every step of the runner returns: what the step produced on the device (sampled
+tokens, next drafts, logprobs) and the copy to the host, started at once (on CUDA asynchronously, into
+pinned memory, with an event; waiting for it is the step's only sync). The copy is read once, by whoever
+needs it first: the runner reconciling its host records (at the end of the step, or after the next step's
+launch under deferred reconciliation), or the engine / the mp sender thread materializing the
+``ModelRunnerOutput``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ class PendingStep:
             event.record()
             self._event = event
 
+    @classmethod
+    def empty(cls, device: torch.device) -> PendingStep:
+        """A step that computed nothing (empty, or only abandoned requests)."""
+        return cls(step_id=-1, req_ids=[], sampling=[], sampled=torch.empty(0, 1, dtype=torch.int64, device=device),
+                   drafts=None, num_valid=[], logprobs=None, prompt_logprobs={}, send_drafts=False)
+
     def host(self) -> tuple[list[list[int]], list[list[int]] | None]:
         """Sampled tokens per request (no padding) and next drafts per request (valid prefix)."""
         with self._lock:
@@ -145,13 +152,3 @@ def _logprob_entries(
         out.append(entries)
         row += p.num_slots + 1
     return out
-
-
-class LazyRunnerOutput:
-    """What the runner returns under deferred reconciliation: materialized by the engine side."""
-
-    def __init__(self, pending: PendingStep) -> None:
-        self.pending = pending
-
-    def materialize(self) -> ModelRunnerOutput:
-        return self.pending.materialize()

@@ -1,4 +1,4 @@
-"""The runner's own per-request state: the worker-side ("device-side") copy of each request.
+"""The host record of one slot of the worker's input batch (``input_batch.py``).
 
 The runner never reads scheduler objects. It learns a request once (``NewRequestData``), then tracks it
 itself: it appends the tokens it samples, advances its own computed frontier by the *accepted* count and
@@ -12,12 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tandem.core.interface import NewRequestData
+from tandem.core.limits import draft_slots, remaining_tokens
 from tandem.sampling_params import SamplingParams
 
 
 @dataclass
 class RequestState:
     req_id: str
+    slot: int  # its row of the input batch
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     sampling_params: SamplingParams
@@ -31,9 +33,10 @@ class RequestState:
     proposer_state: dict[str, object] = field(default_factory=dict)
 
     @classmethod
-    def from_new(cls, nr: NewRequestData) -> RequestState:
+    def from_new(cls, nr: NewRequestData, slot: int) -> RequestState:
         return cls(
             req_id=nr.req_id,
+            slot=slot,
             prompt_token_ids=list(nr.prompt_token_ids),
             output_token_ids=list(nr.output_token_ids),
             sampling_params=nr.sampling_params,
@@ -68,7 +71,5 @@ class RequestState:
 
     def max_drafts(self, k: int, max_model_len: int) -> int:
         """Drafts worth proposing: the next verify may emit 1 + drafts tokens, never past a limit."""
-        limit = min(k, max_model_len - self.num_tokens - 1)
-        if self.sampling_params.max_tokens is not None:
-            limit = min(limit, self.sampling_params.max_tokens - len(self.output_token_ids) - 1)
-        return max(limit, 0)
+        return draft_slots(k, remaining_tokens(self.num_tokens, len(self.prompt_token_ids),
+                                               self.sampling_params.max_tokens, max_model_len))

@@ -1,0 +1,107 @@
+"""Each slot's sampling parameters as columns of per-batch tensors, written once when a request is admitted.
+
+A step whose rows need nothing but temperature, top-k, top-p, min-p, seeds and logprobs (the common case)
+gathers its :class:`SamplingMetadata` from these columns: a few ``index_select`` calls instead of one
+``RowSpec`` per row and a host list per parameter every step. A request with penalties, a logit bias, an
+allowed-token list, ``min_tokens`` or bad words is *special*: a step holding one builds its metadata row by
+row (``SamplingMetadata.build``), which also sees the row's token history.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.sample.metadata import SamplingMetadata
+from tandem.sample.rng import position_key
+from tandem.sampling_params import SamplingParams
+
+
+class SamplingColumns:
+    def __init__(self, max_reqs: int, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self.temperature = torch.ones(max_reqs, dtype=torch.float32, device=device)
+        self.top_k = torch.full((max_reqs,), vocab_size, dtype=torch.int64, device=device)
+        self.top_p = torch.ones(max_reqs, dtype=torch.float32, device=device)
+        self.min_p = torch.zeros(max_reqs, dtype=torch.float32, device=device)
+        self.greedy_mask = torch.ones(max_reqs, dtype=torch.bool, device=device)
+        # Host copies of what decides the fast-path flags.
+        self.greedy = [True] * max_reqs
+        self.seed = [0] * max_reqs
+        self.special = [False] * max_reqs
+        self.logprobs: list[int | None] = [None] * max_reqs
+        self.scaled = [False] * max_reqs  # temperature != 1 on a random row
+        self.top_k_on = [False] * max_reqs
+        self.top_p_on = [False] * max_reqs
+        self.min_p_on = [False] * max_reqs
+
+    def set(self, slot: int, params: SamplingParams, seed: int) -> None:
+        greedy = params.greedy
+        v = self.vocab_size
+        top_k = v if greedy or params.top_k == -1 else min(params.top_k, v)
+        temp = 1.0 if greedy else params.temperature
+        top_p = 1.0 if greedy else params.top_p
+        min_p = 0.0 if greedy else params.min_p
+        self.temperature[slot], self.top_k[slot], self.top_p[slot], self.min_p[slot] = temp, top_k, top_p, min_p
+        self.greedy_mask[slot] = greedy
+        self.greedy[slot], self.seed[slot], self.logprobs[slot] = greedy, seed, params.logprobs
+        self.scaled[slot], self.top_k_on[slot] = temp != 1.0, top_k != v
+        self.top_p_on[slot], self.min_p_on[slot] = top_p != 1.0, min_p != 0.0
+        self.special[slot] = bool(
+            params.has_penalties or params.logit_bias or params.allowed_token_ids is not None
+            or params.min_tokens or params.bad_words
+        )
+
+    def any_special(self, slots: list[int]) -> bool:
+        special = self.special
+        return any(special[s] for s in slots)
+
+    def metadata(self, row_slots: list[int], positions: list[int]) -> SamplingMetadata:
+        """Metadata for rows of non-special requests: row i belongs to slot ``row_slots[i]`` and samples
+        output position ``positions[i]``."""
+        greedy = self.greedy
+        is_greedy = tuple(greedy[s] for s in row_slots)
+        all_greedy = all(is_greedy)
+        seed = self.seed
+        keys = (0,) * len(row_slots) if all_greedy else tuple(
+            0 if greedy[s] else position_key(seed[s], p) for s, p in zip(row_slots, positions)
+        )
+        logprobs = [n for n in (self.logprobs[s] for s in row_slots) if n is not None]
+        idx: list[torch.Tensor] = []
+
+        def column(on: list[bool] | None, values: torch.Tensor) -> torch.Tensor | None:
+            if on is not None and not any(on[s] for s in row_slots):
+                return None
+            if not idx:
+                idx.append(torch.tensor(row_slots, dtype=torch.int64).to(self.device, non_blocking=True))
+            return values.index_select(0, idx[0])
+
+        top_k = column(self.top_k_on, self.top_k)
+        top_p = column(self.top_p_on, self.top_p)
+        min_p = column(self.min_p_on, self.min_p)
+        temperature = column(self.scaled, self.temperature)
+        greedy_mask = (torch.ones(len(row_slots), dtype=torch.bool, device=self.device) if all_greedy
+                       else column(None, self.greedy_mask))
+        return SamplingMetadata(
+            num_rows=len(row_slots),
+            vocab_size=self.vocab_size,
+            device=self.device,
+            all_greedy=all_greedy,
+            all_random=not any(is_greedy),
+            no_penalties=True,
+            no_top_k=top_k is None,
+            no_top_p=top_p is None,
+            no_min_p=min_p is None,
+            max_num_logprobs=max(logprobs) if logprobs else None,
+            is_greedy=is_greedy,
+            generator_keys=keys,
+            greedy_mask=greedy_mask,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            penalties=None,
+            logit_bias=None,
+            allowed=None,
+            min_tokens_ban=None,
+        )
