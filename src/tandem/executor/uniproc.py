@@ -6,6 +6,7 @@ kernels, so scheduling (pure Python) overlaps the forward pass. Steps run strict
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
@@ -18,17 +19,42 @@ from tandem.worker.pending import PendingStep
 from tandem.worker.worker import WorkerSpec, build_runner
 
 
+# How long the engine thread waits for the next step's forward to start before it goes on regardless.
+LAUNCH_WAIT_S = 0.05
+
+
+class _Step:
+    """One submitted step: its future and an event set when its forward starts (or it ends without one)."""
+
+    __slots__ = ("future", "launched", "next")
+
+    def __init__(self) -> None:
+        self.future: Future[PendingStep] | None = None
+        self.launched = threading.Event()
+        self.next: _Step | None = None  # the step submitted after this one, if any yet
+
+
 class _Materializing:
     """The worker's future as the engine waits for it: the step's ``PendingStep`` is materialized (its host
-    copy read) on the engine's thread, so the worker thread goes on to the next step at once."""
+    copy read) on the engine's thread, so the worker thread goes on to the next step at once.
 
-    __slots__ = ("inner",)
+    Before that, if the next step is already queued, the engine thread waits (GIL released) until the
+    worker has built that step's inputs and entered its forward: the engine's output processing and
+    scheduling then run under the forward instead of contending for the GIL with the worker's input
+    preparation, which is on the critical path."""
 
-    def __init__(self, inner: Future[PendingStep]) -> None:
-        self.inner = inner
+    __slots__ = ("step",)
+
+    def __init__(self, step: _Step) -> None:
+        self.step = step
 
     def result(self, timeout: float | None = None) -> ModelRunnerOutput:
-        return self.inner.result(timeout).materialize()
+        assert self.step.future is not None
+        pending = self.step.future.result(timeout)
+        nxt = self.step.next
+        if nxt is not None:
+            nxt.launched.wait(LAUNCH_WAIT_S)
+        return pending.materialize()
 
     def done(self) -> bool:
         return self.inner.done()
@@ -41,6 +67,7 @@ class UniProcExecutor(Executor):
     def __init__(self, runner: ModelRunner, pool: ThreadPoolExecutor) -> None:
         self.runner = runner
         self._pool = pool
+        self._last: _Step | None = None  # the step submitted last
 
     @classmethod
     def create(
@@ -57,7 +84,19 @@ class UniProcExecutor(Executor):
         return executor
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
-        return _Materializing(self._pool.submit(self.runner.execute_model, scheduler_output))  # type: ignore[return-value]
+        step = _Step()
+        if self._last is not None:
+            self._last.next = step
+        self._last = step
+        step.future = self._pool.submit(self._run, scheduler_output, step.launched)
+        return _Materializing(step)  # type: ignore[return-value]
+
+    def _run(self, scheduler_output: SchedulerOutput, launched: threading.Event) -> PendingStep:
+        self.runner.on_forward = launched.set
+        try:
+            return self.runner.execute_model(scheduler_output)
+        finally:
+            launched.set()
 
     def abandon(self, req_ids: list[str]) -> None:
         self.runner.abandon(req_ids)
