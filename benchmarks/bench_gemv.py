@@ -22,7 +22,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 
-from tandem.model.linear import NativeLinear  # noqa: E402
+from tandem.model.linear import create_linear_kernels  # noqa: E402
 from tandem.model.quant import Int8Weight  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(2)
-    lin = NativeLinear()  # (its kernel: the one every few-row product of the engine takes)
+    lin = create_linear_kernels("native")  # (its kernel: the one every few-row product of the engine takes)
     rows_list = [int(r) for r in args.rows.split(",")]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]

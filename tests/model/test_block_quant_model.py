@@ -17,7 +17,7 @@ from tandem.engine.builder import plan_engine
 from tandem.engine.llm import config_from_kwargs
 from tandem.model import CausalLM, KVCache
 from tandem.model.block_quant import BlockQuantWeight
-from tandem.model.linear import create_linear_kernels
+from tandem.model.linear import create_linear_kernels, rule_block_quant_reference
 from tandem.model.loader import load_checkpoint
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
 from tandem.native.quant_linear import quant_linear_kernel
@@ -176,7 +176,8 @@ def test_decision_table() -> None:
         r("gguf", quantized_gguf=False, **kw)
     with pytest.raises(ValueError, match="quantization must be one of"):
         config_from_kwargs(quantization="int4")
-    assert create_linear_kernels("torch").native_quant is False  # type: ignore[attr-defined]
+    # The reference formulation multiplies block-quantized weights by gguf-py's dequantization.
+    assert create_linear_kernels("torch").rules(BlockQuantWeight) == (rule_block_quant_reference,)
 
 
 def test_activation_decision_table() -> None:

@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from tandem.model import CausalLM, KVCache, ModelArgs, ModelOutput
-from tandem.model.linear import LINEAR_KERNELS, OneDnnLinear, onednn_available
+from tandem.model.linear import LINEAR_KERNELS, create_linear_kernels, onednn_available
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
 
 VOCAB = 300
@@ -291,13 +291,13 @@ def test_linear_kernels_agree_with_reference(rows: int, dtype: torch.dtype) -> N
 
 @pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
 def test_onednn_packs_frozen_weights_once_and_repacks_after_an_update() -> None:
-    k = OneDnnLinear()
+    k = create_linear_kernels("onednn")
     w = torch.nn.Parameter(torch.randn(40, 24), requires_grad=False)
     x = torch.randn(4, 24)
     first = k.linear(x, w)
-    assert len(k._packed) == 1
+    assert len(k.packed) == 1
     k.linear(x, w)
-    assert len(k._packed) == 1  # cached, not packed again
+    assert len(k.packed) == 1  # cached, not packed again
     with torch.no_grad():
         w.mul_(2.0)  # an in-place update must not leave a stale packed copy
     assert torch.allclose(k.linear(x, w), 2.0 * first, atol=1e-5)
@@ -305,7 +305,7 @@ def test_onednn_packs_frozen_weights_once_and_repacks_after_an_update() -> None:
     trainable = torch.nn.Parameter(torch.randn(40, 24))
     k.linear(x, trainable)
     k.linear(x, torch.randn(40, 24))
-    assert len(k._packed) == 1
+    assert len(k.packed) == 1
 
 
 def test_tied_lm_head_is_the_embedding_parameter() -> None:

@@ -1,6 +1,6 @@
 """The few-row product with a bf16 or int8 weight under float32 inputs (a draft head's matrices): equal to the
 float32 product over the widened (dequantized) weight, at every row count the kernel takes, with bias and
-residual; and :class:`NativeLinear` on such a weight beyond the kernel's rows (a widened copy). The same-dtype products
+residual; and the ``native`` linear kernels on such a weight beyond the kernel's rows (a widened copy). The same-dtype products
 are checked in tests/model/test_native_decode.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tandem.model.linear import NativeLinear
+from tandem.model.linear import create_linear_kernels
 from tandem.model.quant import Int8Weight
 from tandem.native.small_linear import small_linear_kernel
 
@@ -41,7 +41,7 @@ def test_mixed_dtypes_the_kernel_refuses() -> None:
 
 
 def test_native_linear_takes_a_bf16_weight_at_any_row_count() -> None:
-    lin = NativeLinear()
+    lin = create_linear_kernels("native")
     assert lin.mixed_bf16
     gen = torch.Generator().manual_seed(0)
     w = torch.nn.Parameter(torch.randn(48, 32, generator=gen).to(torch.bfloat16), requires_grad=False)
@@ -88,7 +88,7 @@ def test_int8_quantization_and_its_checks() -> None:
 
 
 def test_native_linear_takes_an_int8_weight_at_any_row_count() -> None:
-    lin = NativeLinear()
+    lin = create_linear_kernels("native")
     gen = torch.Generator().manual_seed(2)
     w = Int8Weight.quantize(torch.randn(48, 32, generator=gen))
     for rows in (1, 4, 64, 65, 150):  # the kernel up to its limit, a dequantized copy beyond

@@ -11,7 +11,7 @@ whole rows of bytes and never requantize. Once a matrix is assembled, :meth:`Blo
 its Q4_0 / Q4_1 / Q8_0 parts into the interleaved layout the few-row kernels stream (block_repack.py: 16 rows
 at a time, the same bytes); row operations and the reference see GGML's layout again through
 :meth:`BlockPart.plain`. Products run in the native kernels (``native/quant.h``:
-``NativeLinear`` and the native decoder stack); :meth:`BlockQuantWeight.dequantize` is the reference, via
+the ``native`` linear kernels and the native decoder stack); :meth:`BlockQuantWeight.dequantize` is the reference, via
 gguf-py's ``gguf.quants.dequantize``, and what the torch reference path multiplies with.
 """
 

@@ -30,6 +30,7 @@ def block_quant_linear(
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     native: bool = True,
+    kernel: _quant_linear.QuantLinearKernel | None = None,
 ) -> torch.Tensor:
     """``(residual +) (x * gain) @ W^T (+ bias)`` for a block-quantized ``W`` and float32 ``x``.
 
@@ -37,10 +38,11 @@ def block_quant_linear(
     for up to :data:`QUANT_FEW_ROWS` rows (:data:`QUANT_FEW_ROWS_INTERLEAVED` on interleaved parts), and for
     more rows tiles of ``W``'s rows dequantized natively
     into float32 and multiplied by torch's GEMM (the weights are never resident in float32); without a
-    compiler the reference."""
+    compiler the reference. ``kernel``: the native kernels the caller resolved once (else looked up)."""
     if x.dtype != torch.float32:
         raise ValueError(f"block-quantized weight {weight.name!r}: float32 activations, got {x.dtype}")
-    kernel = _quant_linear.quant_linear_kernel() if native else None
+    if kernel is None and native:
+        kernel = _quant_linear.quant_linear_kernel()
     if kernel is not None and kernel.supports(weight) and x.device.type == "cpu":
         few = QUANT_FEW_ROWS_INTERLEAVED if all(p.interleaved for p in weight.parts) else QUANT_FEW_ROWS
         if x.dim() == 2 and 1 <= x.shape[0] <= min(few, kernel.max_rows):

@@ -1,4 +1,5 @@
-"""Matrix products of the transformer, behind a small registry so CPU-tuned formulations stay optional.
+"""Matrix products of the transformer: named formulations, each an ordered list of rules (composition, no
+class hierarchy), so CPU-tuned formulations stay optional and each rule reads on its own.
 
 Every projection is ``y = x @ W^T (+ bias)`` or, where a residual add follows, ``y = r + x @ W^T``.
 ``torch`` is the reference (``F.linear`` / ``addmm``). ``cpu`` computes the same product but, for
@@ -12,7 +13,11 @@ speculative decoding, a 16-way decode batch): all 30 SmolLM2 gate/up projections
 at 4 / 8 / 16 rows against 14.1 / 16.4 / 19.9 ms packed (12 ms is the one-row, bandwidth-bound time), and
 bf16 9.6-10 ms packed against 12-14 ms for 2-16 rows. ``native`` (the CPU default where the C kernels
 build) computes few-row products in ``native/small_linear.c`` and leaves the rest to ``onednn``
-(:class:`NativeLinear`). All are tested against ``torch``.
+(``rule_native_rows``). All are tested against ``torch``.
+
+A rule takes ``(kernels, x, weight, bias, residual)`` and returns the product, or ``None`` to pass it on; a
+formulation keeps one rule list per kind of weight (block-quantized, int8, plain), so a product only tries the
+rules of its weight's kind, first to last. The last plain rule is always the reference.
 
 Block-quantized matrices (:class:`~tandem.model.block_quant.BlockQuantWeight`, ``quantization="gguf"``) go
 through :func:`block_quant_linear` in every formulation: ``torch`` multiplies by the gguf-py reference
@@ -22,9 +27,8 @@ rows (a prefill chunk) as float32 GEMMs over tiles of rows dequantized natively,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -34,91 +38,17 @@ from tandem import overrides
 from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.block_quant_linear import block_quant_linear
 from tandem.model.quant import Int8Weight
+from tandem.native.quant_linear import quant_linear_kernel
 from tandem.native.small_linear import small_linear_kernel
 
+Tensor = torch.Tensor
+Rule = Callable[["LinearKernels", Tensor, "Tensor | Int8Weight | BlockQuantWeight", "Tensor | None", "Tensor | None"],
+                "Tensor | None"]
 
-class LinearKernels(Protocol):
-    name: str
-
-    def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``x @ weight^T + bias`` for ``x`` ``[T, in]``; returns a contiguous ``[T, out]``."""
-        ...
-
-    def linear_add(
-        self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
-    ) -> torch.Tensor:
-        """``residual + x @ weight^T`` with the add fused into the product."""
-        ...
-
-
-class TorchLinear:
-    """The reference formulation."""
-
-    name = "torch"
-    native_quant = False  # block-quantized products: the gguf-py reference
-
-    def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        if isinstance(weight, BlockQuantWeight):
-            return block_quant_linear(x, weight, bias, native=self.native_quant)
-        if isinstance(weight, Int8Weight):  # the reference: the dequantized matrix
-            return F.linear(x, weight.dequantize(x.dtype), bias)
-        return F.linear(x, weight, bias)
-
-    def linear_add(
-        self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
-    ) -> torch.Tensor:
-        """``residual + x @ weight^T`` with the add fused into the product."""
-        if isinstance(weight, BlockQuantWeight):
-            return block_quant_linear(x, weight, residual=residual, native=self.native_quant)
-        if isinstance(weight, Int8Weight):
-            return torch.addmm(residual, x, weight.dequantize(x.dtype).t())
-        return torch.addmm(residual, x, weight.t())
-
-
-class CpuLinear(TorchLinear):
-    """Shape-aware formulations for few rows of low-precision inputs; all else uses the reference."""
-
-    name = "cpu"
-    native_quant = True
-
-    def __init__(self, small_rows: int = 32) -> None:
-        self.small_rows = small_rows
-
-    def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        if isinstance(weight, (BlockQuantWeight, Int8Weight)):
-            return TorchLinear.linear(self, x, weight, bias)
-        rows = x.shape[0]
-        if x.dtype == torch.float32:
-            return F.linear(x, weight, bias)
-        if rows == 1:
-            if bias is None:
-                return torch.mv(weight, x[0]).unsqueeze(0)
-            return torch.addmv(bias, weight, x[0]).unsqueeze(0)
-        if rows <= self.small_rows:
-            if bias is None:
-                return torch.mm(weight, x.t()).t().contiguous()
-            return torch.addmm(bias.unsqueeze(1), weight, x.t()).t().contiguous()
-        return F.linear(x, weight, bias)
-
-    def linear_add(
-        self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
-    ) -> torch.Tensor:
-        if isinstance(weight, (BlockQuantWeight, Int8Weight)):
-            return TorchLinear.linear_add(self, residual, x, weight)
-        rows = x.shape[0]
-        if x.dtype == torch.float32:
-            return torch.addmm(residual, x, weight.t())
-        if rows == 1:
-            return torch.addmv(residual[0], weight, x[0]).unsqueeze(0)
-        if rows <= self.small_rows:
-            return torch.addmm(residual.t(), weight, x.t()).t().contiguous()
-        return torch.addmm(residual, x, weight.t())
+ONEDNN_PACK_ROWS_HINT = 16  # oneDNN chooses the blocked layout for this many rows; measured best for 1-64
+ONEDNN_LARGE_OUT = 8192  # fp32 weights with this many output rows (LM heads) are packed even for one row
+NATIVE_FEW_ROWS = 8  # fp32 (and bf16 where oneDNN runs bf16) products up to this many rows run natively
+CPU_SMALL_ROWS = 32  # bf16 products up to this many rows take ``W @ x^T`` (``rule_cpu_shapes``)
 
 
 def onednn_available() -> bool:
@@ -133,12 +63,12 @@ def onednn_available() -> bool:
 
 def onednn_bf16_available() -> bool:
     """Whether oneDNN can run bf16 products on this CPU: it needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT.
-    On an AVX2-only CPU its bf16 reorder and inner product refuse to build, so bf16 takes ``CpuLinear``."""
+    On an AVX2-only CPU its bf16 reorder and inner product refuse to build, so bf16 takes ``rule_cpu_shapes``."""
     probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return onednn_available() and probe is not None and bool(probe())
 
 
-def _version_of(t: torch.Tensor) -> int:
+def _version_of(t: Tensor) -> int:
     """The in-place update counter; inference tensors have none (and cannot change outside inference
     mode), so they count as never updated."""
     try:
@@ -147,176 +77,205 @@ def _version_of(t: torch.Tensor) -> int:
         return -1
 
 
-class OneDnnLinear(CpuLinear):
-    """oneDNN's linear over weights packed once into its blocked layout; the rest as :class:`CpuLinear`.
+class LinearKernels:
+    """One formulation's rules and the state they share (oneDNN's packed weights, the native kernel)."""
 
-    A weight is packed on first use and cached with the identity and version of the tensor it came from,
-    so an in-place update of the weight repacks it (never a stale product). Only frozen CPU parameters
-    are packed (trainable or temporary tensors take the :class:`CpuLinear` path), so the cache holds one
-    packed copy per model weight: the price is that memory, once.
-    """
+    def __init__(self, name: str, rules: Mapping[type, Sequence[Rule]], *, mixed_bf16: bool = False) -> None:
+        self.name = name
+        self._rules = {kind: tuple(r) for kind, r in rules.items()}
+        self.kernel = small_linear_kernel() if mixed_bf16 else None
+        self.quant = quant_linear_kernel()  # block-quantized products (None: native kernels off)
+        # Whether bf16 (and int8) weights under float32 inputs run natively (at any row count: beyond the
+        # kernel's rows on a widened / dequantized copy).
+        self.mixed_bf16 = self.kernel is not None
+        self.onednn = onednn_available()
+        self.onednn_bf16 = self.onednn and onednn_bf16_available()
+        self.packed: dict[int, tuple[Tensor, int, Tensor]] = {}  # id(weight) -> (weight, version, packed)
 
-    name = "onednn"
-    PACK_ROWS_HINT = 16  # oneDNN chooses the blocked layout for this many rows; measured best for 1-64
-    LARGE_OUT = 8192  # fp32 weights with this many output rows (LM heads) are packed even for one row
+    def rules(self, weight_kind: type) -> tuple[Rule, ...]:
+        """The rules a product on this kind of weight tries, first to last."""
+        return self._rules.get(weight_kind) or self._rules[Tensor]
 
-    def __init__(self, small_rows: int = 32) -> None:
-        super().__init__(small_rows)
-        self._enabled = onednn_available()
-        self._bf16 = self._enabled and onednn_bf16_available()
-        self._packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+    def _product(self, x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None) -> Tensor:
+        rules = self._rules.get(type(weight)) or self._rules[Tensor]
+        for rule in rules:
+            out = rule(self, x, weight, bias, residual)
+            if out is not None:
+                return out
+        raise AssertionError(f"{self.name}: no rule took the product")  # the reference always does
 
-    def _packed_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-        if isinstance(weight, BlockQuantWeight):
-            return None  # CpuLinear's path: block_quant_linear
-        rows = x.shape[0]
-        if not self._enabled or rows == 0 or x.device.type != "cpu":
-            return None
-        if not isinstance(weight, nn.Parameter) or weight.requires_grad or x.requires_grad:
-            return None
-        if x.dtype == torch.float32:
-            if rows < 3 and weight.shape[0] < self.LARGE_OUT:
-                return None  # MKL's one- and two-row product is already bandwidth-bound
-        elif x.dtype == torch.bfloat16:
-            if rows == 1 or not self._bf16:
-                return None  # ``mv`` (CpuLinear) is as fast and keeps the LM head's fast path
-        else:
-            return None
-        version = _version_of(weight)
-        hit = self._packed.get(id(weight))
-        if hit is not None and hit[0] is weight and hit[1] == version:
-            return hit[2]
-        with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self.PACK_ROWS_HINT)
-        self._packed[id(weight)] = (weight, version, packed)
-        return packed
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        """``x @ weight^T + bias`` for ``x`` ``[T, in]``; returns a contiguous ``[T, out]``."""
+        return self._product(x, weight, bias, None)
 
-    def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        packed = self._packed_for(x, weight)
-        if packed is None:
-            return super().linear(x, weight, bias)
+    def linear_add(self, residual: Tensor, x: Tensor, weight: Tensor) -> Tensor:
+        """``residual + x @ weight^T`` with the add fused into the product."""
+        return self._product(x, weight, None, residual)
+
+
+# -- rules ---------------------------------------------------------------------------------------------
+def rule_reference(k: LinearKernels, x: Tensor, w: Tensor, bias: Tensor | None, res: Tensor | None) -> Tensor:
+    """torch's own product: ``F.linear`` / ``addmm``."""
+    return F.linear(x, w, bias) if res is None else torch.addmm(res, x, w.t())
+
+
+def rule_block_quant_reference(k: LinearKernels, x: Tensor, w: BlockQuantWeight, bias: Tensor | None,
+                               res: Tensor | None) -> Tensor:
+    """gguf-py's dequantization, then one float32 product."""
+    return block_quant_linear(x, w, bias, residual=res, native=False)
+
+
+def rule_block_quant(k: LinearKernels, x: Tensor, w: BlockQuantWeight, bias: Tensor | None,
+                     res: Tensor | None) -> Tensor:
+    """The native kernels on the blocks (few rows) or natively dequantized tiles (many)."""
+    return block_quant_linear(x, w, bias, residual=res, native=k.quant is not None, kernel=k.quant)
+
+
+def rule_int8_reference(k: LinearKernels, x: Tensor, w: Int8Weight, bias: Tensor | None,
+                        res: Tensor | None) -> Tensor:
+    """The dequantized matrix."""
+    return rule_reference(k, x, w.dequantize(x.dtype), bias, res)
+
+
+def rule_int8_native(k: LinearKernels, x: Tensor, w: Int8Weight, bias: Tensor | None,
+                     res: Tensor | None) -> Tensor | None:
+    """An int8 weight (a drafter's, under float32 inputs): the kernel for few rows."""
+    kern = k.kernel
+    if kern is not None and x.dim() == 2 and 1 <= x.shape[0] <= kern.max_rows and x.dtype == torch.float32:
+        return kern(x, w.q, None if bias is None else bias.contiguous(), None if res is None else res.contiguous(),
+                    scale=w.scale)
+    return None
+
+
+def rule_cpu_shapes(k: LinearKernels, x: Tensor, w: Tensor, bias: Tensor | None,
+                    res: Tensor | None) -> Tensor | None:
+    """Few rows of low-precision inputs: ``mv`` for one row (17 instead of 22 ms a SmolLM2 step at 2
+    threads, bf16), ``W @ x^T`` up to :data:`CPU_SMALL_ROWS` (21.5 instead of 23.5 ms at 16 rows). float32
+    passes (MKL's ``x @ W^T`` is at bandwidth for one or two rows)."""
+    rows = x.shape[0]
+    if x.dtype == torch.float32 or rows > CPU_SMALL_ROWS:
+        return None
+    if rows == 1:
+        if res is not None:
+            return torch.addmv(res[0], w, x[0]).unsqueeze(0)
+        return (torch.mv(w, x[0]) if bias is None else torch.addmv(bias, w, x[0])).unsqueeze(0)
+    if res is not None:
+        return torch.addmm(res.t(), w, x.t()).t().contiguous()
+    if bias is None:
+        return torch.mm(w, x.t()).t().contiguous()
+    return torch.addmm(bias.unsqueeze(1), w, x.t()).t().contiguous()
+
+
+def _packed_for(k: LinearKernels, x: Tensor, w: Tensor) -> Tensor | None:
+    """oneDNN's blocked copy of a frozen CPU parameter, packed on first use and cached with the identity
+    and version of the tensor it came from, so an in-place update repacks it (never a stale product).
+    Trainable or temporary tensors are never packed: the cache holds one copy per model weight."""
+    rows = x.shape[0]
+    if not k.onednn or rows == 0 or x.device.type != "cpu":
+        return None
+    if not isinstance(w, nn.Parameter) or w.requires_grad or x.requires_grad:
+        return None
+    if x.dtype == torch.float32:
+        if rows < 3 and w.shape[0] < ONEDNN_LARGE_OUT:
+            return None  # MKL's one- and two-row product is already bandwidth-bound
+    elif x.dtype == torch.bfloat16:
+        if rows == 1 or not k.onednn_bf16:
+            return None  # ``mv`` (rule_cpu_shapes) is as fast and keeps the LM head's fast path
+    else:
+        return None
+    version = _version_of(w)
+    hit = k.packed.get(id(w))
+    if hit is not None and hit[0] is w and hit[1] == version:
+        return hit[2]
+    with torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), ONEDNN_PACK_ROWS_HINT)
+    k.packed[id(w)] = (w, version, packed)
+    return packed
+
+
+def rule_onednn(k: LinearKernels, x: Tensor, w: Tensor, bias: Tensor | None, res: Tensor | None) -> Tensor | None:
+    """oneDNN's linear on the packed weight: MKL's fp32 GEMM is far from bandwidth for 3-64 rows (all 30
+    SmolLM2 gate/up products: 20.3 / 27.5 / 28.2 ms at 4 / 8 / 16 rows, 14.1 / 16.4 / 19.9 ms packed)."""
+    packed = _packed_for(k, x, w)
+    if packed is None:
+        return None
+    if res is None:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
-
-    def linear_add(
-        self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
-    ) -> torch.Tensor:
-        packed = self._packed_for(x, weight)
-        if packed is None:
-            return super().linear_add(residual, x, weight)
-        return torch.ops.mkldnn._linear_pointwise.binary(
-            x.contiguous(), residual.contiguous(), packed, None, "add"
-        )
+    return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), res.contiguous(), packed, None, "add")
 
 
-class NativeLinear(OneDnnLinear):
-    """Few-row products through ``native/small_linear.c`` (each weight streamed once, bf16 converted in
-    registers); the rest as :class:`OneDnnLinear`.
-
-    Measured on a 2-core AVX2 EPYC (all 30 SmolLM2 layers' products): fp32 18 / 21 / 27 ms at 1 / 4 / 8
-    rows against oneDNN's 35 / 29 / 33 (MKL's one-row ``mv`` at 11 GB/s); bf16 12 / 20 / 29 / 46 / 78 ms
-    at 1 / 4 / 8 / 16 / 32 rows against torch's 16 / 60 / 117 / 229 / 453 (oneDNN has no bf16 on AVX2).
-    So: up to ``FEW_ROWS`` rows always, and bf16 up to the kernel's limit where oneDNN lacks bf16.
-    Mixed: a bf16 weight under float32 inputs (a drafter's matrices, ``speculative_config.draft_dtype``)
-    runs natively up to the kernel's row limit, on a widened copy beyond it; so does an int8 one
-    (:class:`~tandem.model.quant.Int8Weight`, dequantized beyond it).
-    Frozen CPU weights only (the kernel has no autograd).
-    """
-
-    name = "native"
-    FEW_ROWS = 8
-
-    def __init__(self, small_rows: int = 32) -> None:
-        super().__init__(small_rows)
-        self._kernel = small_linear_kernel()
-
-    @property
-    def mixed_bf16(self) -> bool:
-        """Whether bf16 (and int8) weights under float32 inputs run natively (:meth:`linear` accepts them
-        at any row count: beyond the kernel's rows on a widened / dequantized copy)."""
-        return self._kernel is not None
-
-    def _native_rows(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        k = self._kernel
-        if k is None or x.dim() != 2 or not 1 <= x.shape[0] <= k.max_rows:
-            return False
-        if not k.accepts(x.dtype, weight.dtype) or x.device.type != "cpu" or weight.device.type != "cpu":
-            return False
-        if weight.requires_grad or x.requires_grad or not weight.is_contiguous():
-            return False
-        if x.dtype != weight.dtype:
-            return True  # a bf16 weight under float32 inputs: the kernel, whatever the row count
-        if x.dtype == torch.float32:
-            return x.shape[0] <= self.FEW_ROWS or not self._enabled
-        # bf16: beyond a few rows only where oneDNN cannot run bf16 (it is faster where it can).
-        return x.dtype == torch.bfloat16 and (x.shape[0] <= self.FEW_ROWS or not self._bf16)
-
-    def _widen(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        """Many bf16 rows where oneDNN has no bf16 (AVX2): torch's own bf16 GEMM runs at a fraction of
-        its float32 speed there (a 512-token prefill of SmolLM2: 7.4 s), so the product is computed in
-        float32 on a widened copy of the weight (one pass over it, ~1 % of such a product) and rounded."""
-        return (
-            x.dtype == torch.bfloat16
-            and weight.dtype == torch.bfloat16
-            and not self._bf16
-            and x.device.type == "cpu"
-            and not (weight.requires_grad or x.requires_grad)
-        )
-
-    def linear(
-        self, x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        if isinstance(weight, Int8Weight):
-            return self._int8(x, weight, bias=bias)
-        if isinstance(weight, BlockQuantWeight):
-            return block_quant_linear(x, weight, bias, native=self.native_quant)
-        if self._native_rows(x, weight) and (bias is None or bias.is_contiguous()):
-            assert self._kernel is not None
-            return self._kernel(x, weight, bias)
-        if weight.dtype != x.dtype:  # many rows on a bf16 weight: a widened copy (a prefill chunk)
-            return F.linear(x, weight.to(x.dtype), bias)
-        if self._widen(x, weight):
-            b = None if bias is None else bias.float()
-            return F.linear(x.float(), weight.float(), b).to(torch.bfloat16)
-        return super().linear(x, weight, bias)
-
-    def _int8(
-        self, x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """An int8 weight (a drafter's, under float32 inputs): the kernel for few rows, else a float32
-        product on the dequantized matrix (a prefill chunk)."""
-        k = self._kernel
-        if k is not None and x.dim() == 2 and 1 <= x.shape[0] <= k.max_rows and x.dtype == torch.float32:
-            res = None if residual is None else residual.contiguous()
-            return k(x, weight.q, None if bias is None else bias.contiguous(), res, scale=weight.scale)
-        w = weight.dequantize(x.dtype)
-        if residual is not None:
-            return torch.addmm(residual, x, w.t())
-        return F.linear(x, w, bias)
-
-    def linear_add(
-        self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Int8Weight
-    ) -> torch.Tensor:
-        if isinstance(weight, Int8Weight):
-            return self._int8(x, weight, residual=residual)
-        if isinstance(weight, BlockQuantWeight):
-            return block_quant_linear(x, weight, residual=residual, native=self.native_quant)
-        if self._native_rows(x, weight) and residual.dtype == x.dtype and residual.dim() == 2:
-            assert self._kernel is not None
-            return self._kernel(x, weight, None, residual.contiguous())
-        if weight.dtype != x.dtype:
-            return torch.addmm(residual, x, weight.to(x.dtype).t())
-        if self._widen(x, weight):
-            out = torch.addmm(residual.float(), x.float(), weight.float().t())
-            return out.to(torch.bfloat16)
-        return super().linear_add(residual, x, weight)
+def rule_native_rows(k: LinearKernels, x: Tensor, w: Tensor, bias: Tensor | None,
+                     res: Tensor | None) -> Tensor | None:
+    """``native/small_linear.c`` (each weight streamed once, bf16 converted in registers). Measured on a
+    2-core AVX2 EPYC (all 30 SmolLM2 layers): fp32 18 / 21 / 27 ms at 1 / 4 / 8 rows against oneDNN's 35 /
+    29 / 33; bf16 12 / 20 / 29 / 46 / 78 ms at 1 / 4 / 8 / 16 / 32 rows against torch's 16 / 60 / 117 / 229
+    / 453 (oneDNN has no bf16 on AVX2). So: up to :data:`NATIVE_FEW_ROWS` rows always, bf16 up to the
+    kernel's limit where oneDNN lacks bf16, and a bf16 weight under float32 inputs at any count it takes."""
+    kern = k.kernel
+    if kern is None or x.dim() != 2 or not 1 <= x.shape[0] <= kern.max_rows:
+        return None
+    if not kern.accepts(x.dtype, w.dtype) or x.device.type != "cpu" or w.device.type != "cpu":
+        return None
+    if w.requires_grad or x.requires_grad or not w.is_contiguous():
+        return None
+    if x.dtype == w.dtype:
+        few = x.shape[0] <= NATIVE_FEW_ROWS
+        if not (few or (not k.onednn if x.dtype == torch.float32 else not k.onednn_bf16)):
+            return None
+    if res is None:
+        return kern(x, w, bias) if bias is None or bias.is_contiguous() else None
+    if res.dtype != x.dtype or res.dim() != 2:
+        return None
+    return kern(x, w, None, res.contiguous())
 
 
-LINEAR_KERNELS: Mapping[str, Callable[[], LinearKernels]] = MappingProxyType(
-    {"torch": TorchLinear, "cpu": CpuLinear, "onednn": OneDnnLinear, "native": NativeLinear}
-)
+def rule_mixed_widened(k: LinearKernels, x: Tensor, w: Tensor, bias: Tensor | None,
+                       res: Tensor | None) -> Tensor | None:
+    """A bf16 weight under float32 inputs beyond the kernel's rows (a drafter's prefill): a widened copy."""
+    if w.dtype == x.dtype:
+        return None
+    return rule_reference(k, x, w.to(x.dtype), bias, res)
+
+
+def rule_bf16_widened(k: LinearKernels, x: Tensor, w: Tensor, bias: Tensor | None,
+                      res: Tensor | None) -> Tensor | None:
+    """Many bf16 rows where oneDNN has no bf16 (AVX2): torch's own bf16 GEMM runs at a fraction of its
+    float32 speed there (a 512-token prefill of SmolLM2: 7.4 s), so the product is computed in float32 on
+    a widened copy of the weight (one pass over it, ~1 % of such a product) and rounded."""
+    if not (x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and not k.onednn_bf16
+            and x.device.type == "cpu" and not (w.requires_grad or x.requires_grad)):
+        return None
+    if res is None:
+        return F.linear(x.float(), w.float(), None if bias is None else bias.float()).to(torch.bfloat16)
+    return torch.addmm(res.float(), x.float(), w.float().t()).to(torch.bfloat16)
+
+
+# -- formulations --------------------------------------------------------------------------------------
+def _formulation(name: str, block_quant: Rule, int8: Sequence[Rule], plain: Sequence[Rule],
+                 mixed_bf16: bool = False) -> Callable[[], LinearKernels]:
+    rules = {BlockQuantWeight: (block_quant,), Int8Weight: tuple(int8), Tensor: (*plain, rule_reference)}
+    rules[nn.Parameter] = rules[Tensor]
+
+    def make() -> LinearKernels:
+        return LinearKernels(name, rules, mixed_bf16=mixed_bf16)
+
+    make.__name__ = f"{name}_linear"
+    return make
+
+
+LINEAR_KERNELS: Mapping[str, Callable[[], LinearKernels]] = MappingProxyType({
+    # The reference.
+    "torch": _formulation("torch", rule_block_quant_reference, [rule_int8_reference], []),
+    # Shape-aware formulations for few rows of low-precision inputs.
+    "cpu": _formulation("cpu", rule_block_quant, [rule_int8_reference], [rule_cpu_shapes]),
+    # oneDNN's packed weights first.
+    "onednn": _formulation("onednn", rule_block_quant, [rule_int8_reference], [rule_onednn, rule_cpu_shapes]),
+    # The native few-row kernel first (the CPU default where it builds).
+    "native": _formulation(
+        "native", rule_block_quant, [rule_int8_native, rule_int8_reference],
+        [rule_native_rows, rule_mixed_widened, rule_bf16_widened, rule_onednn, rule_cpu_shapes], mixed_bf16=True,
+    ),
+})
 
 
 def default_linear_kernels(device: torch.device | str) -> str:

@@ -1,5 +1,5 @@
 /* Products and row lookups on GGUF block-quantized matrices (quant.h), for the torch layers' few-row
- * products (NativeLinear), the LM head and embedding lookups.
+ * products (the linear rules of model/linear.py), the LM head and embedding lookups.
  *
  * Semantics: x, bias, residual and y are float32; y = (x * gain) @ W^T (+ bias) (+ residual), each output
  * summed in a fixed order (quant.h). Memory: the wrapper (native/quant_linear.py) checks shapes, strides

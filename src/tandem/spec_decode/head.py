@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.model.block_quant import embedding
-from tandem.model.linear import LinearKernels, TorchLinear
+from tandem.model.linear import LinearKernels, create_linear_kernels
 from tandem.model.quant import Int8Weight
 from tandem.model.rope import (
     apply_rope,
@@ -70,10 +70,10 @@ class DraftHead(nn.Module):
         the head's own matrices (fc, attention, MLP; default ``dtype``) — bf16 under a float32 target
         halves the bytes a draft pass streams, int8 (:class:`Int8Weight`, a scale per output feature;
         the matrices of :data:`INT8_MATRICES`, the rest bf16) quarters them; activations, norms and the KV stay in ``dtype``, and ``linear`` must accept the
-        mixed product (:attr:`NativeLinear.mixed_bf16`). int8 heads are for inference only."""
+        mixed product (:attr:`LinearKernels.mixed_bf16`). int8 heads are for inference only."""
         super().__init__()
         self.cfg = cfg
-        self.linear = linear or TorchLinear()
+        self.linear = linear or create_linear_kernels("torch")
         hd = cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
         self.scale = hd**-0.5
