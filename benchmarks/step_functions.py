@@ -2,7 +2,8 @@
 
 N greedy streams of the default model are started and stepped until every one is decoding; then one engine
 step is run under a profiler installed on the engine thread and on the worker thread (``uni`` executor), and
-every distinct tandem function (file, name, first line) that ran is counted, with the files they live in.
+every distinct tandem function (file, name, first line) that ran is counted, with the files they live in;
+"named" leaves out comprehensions, generator expressions and lambdas.
 
     python benchmarks/step_functions.py                       # no speculation, async on
     python benchmarks/step_functions.py --spec eagle --async 0
@@ -68,14 +69,17 @@ def main() -> None:
         llm.add_request(f"def function_{i}(x):\n    ", params)
     seen = count_step(llm, warm_steps=6)
     files = sorted({f for f, _, _ in seen})
-    print(f"spec={args.spec} async={args.async_} n={args.n}: {len(seen)} functions in {len(files)} files, "
-          f"{sum(seen.values())} calls")
+    named = [key for key in seen if "<" not in key[1].rsplit(".", 1)[-1]]
+    named_files = {f for f, _, _ in named}
+    print(f"spec={args.spec} async={args.async_} n={args.n}: {len(named)} named functions in {len(named_files)} "
+          f"files ({len(seen)} with comprehensions, {len(files)} files), {sum(seen.values())} calls")
     if args.list:
         for (f, name, line), calls in sorted(seen.items()):
             print(f"  {calls:5d}  {f}:{line} {name}")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "spec": args.spec, "async": args.async_, "n": args.n, "functions": len(seen), "files": len(files),
+            "spec": args.spec, "async": args.async_, "n": args.n, "named_functions": len(named),
+            "named_files": len(named_files), "functions": len(seen), "files": len(files),
             "calls": sum(seen.values()),
             "by_function": {f"{f}:{line} {name}": c for (f, name, line), c in sorted(seen.items())},
         }, indent=1))

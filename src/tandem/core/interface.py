@@ -98,9 +98,6 @@ class ModelRunnerOutput:
     # req_id -> per-prompt-token logprobs (first entry None: nothing predicts the first token).
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
 
-    def index_of(self) -> dict[str, int]:
-        return {rid: i for i, rid in enumerate(self.req_ids)}
-
     @classmethod
     def empty(cls) -> ModelRunnerOutput:
         return cls(req_ids=[], sampled_token_ids=[])

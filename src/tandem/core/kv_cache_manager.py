@@ -90,6 +90,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.group_windows = tuple(group_windows)
+        self.num_groups = len(self.group_windows)
         self.lookback = lookback
         self.pool = BlockPool(num_blocks)
         # The null block fills the table entries of released blocks; it is held for ever, never read.
@@ -97,10 +98,6 @@ class KVCacheManager:
         self._blocks: dict[str, list[list[KVBlock]]] = {}  # per request, per group
         self._num_cached: dict[str, list[int]] = {}  # per request, per group: leading blocks walked by caching
         self._released: dict[str, list[int]] = {}  # per request, per group: leading blocks released
-
-    @property
-    def num_groups(self) -> int:
-        return len(self.group_windows)
 
     @property
     def num_blocks(self) -> int:

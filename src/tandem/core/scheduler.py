@@ -134,7 +134,7 @@ class Scheduler:
                 continue
             # Tokens up to the logical end (known tokens + in-flight placeholders), then the drafts.
             to_end = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
-            n_spec = self._max_draft_slots(req) if to_end == 1 else 0
+            n_spec = self._max_draft_slots(req) if to_end == 1 and req.spec_token_ids else 0
             n_new = min(to_end + n_spec, budget, self.max_model_len - req.num_computed_tokens)
             if n_new <= 0:
                 i += 1
@@ -293,7 +293,7 @@ class Scheduler:
     def update_from_output(
         self, so: SchedulerOutput, out: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
-        index = out.index_of()
+        index = {rid: i for i, rid in enumerate(out.req_ids)}
         results: list[EngineCoreOutput] = []
         finished: list[Request] = []
         for rid in so.num_scheduled_tokens:
@@ -347,8 +347,9 @@ class Scheduler:
         num_invalid = 0
         if out.num_invalid_spec_tokens is not None and idx is not None:
             num_invalid = out.num_invalid_spec_tokens[idx]
-        req.spec_stats.observe(num_valid, num_accepted, num_invalid)
-        self.counters.spec.observe(num_valid, num_accepted, num_invalid)
+        if num_valid > 0 or num_invalid:  # (a step without drafts changes no statistic)
+            req.spec_stats.observe(num_valid, num_accepted, num_invalid)
+            self.counters.spec.observe(num_valid, num_accepted, num_invalid)
         logprobs = out.logprobs[idx] if out.logprobs is not None and idx is not None else None
 
         new_tokens: list[int] = []

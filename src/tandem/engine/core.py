@@ -91,7 +91,7 @@ class EngineCore:
     def _schedule(self) -> SchedulerOutput:
         with self.tracer.span("schedule", track="engine") as span:
             so = self.scheduler.schedule()
-            span.args.update(step=so.step_id, reqs=so.num_reqs, tokens=so.total_num_scheduled_tokens)
+            span.args.update(step=so.step_id, reqs=len(so.num_scheduled_tokens), tokens=so.total_num_scheduled_tokens)
         if self.debug_invariants:
             self.scheduler.check_invariants()  # also right after scheduling, with steps in flight
         return so
@@ -124,7 +124,7 @@ class EngineCore:
 
     def step_sync(self) -> list[EngineCoreOutput]:
         so = self._schedule()
-        if so.is_empty:
+        if not so.num_scheduled_tokens:
             return []
         fut = self.executor.execute_model(so)
         return self._update(so, self._wait(so, fut))
@@ -135,7 +135,7 @@ class EngineCore:
             return self._update(so, self._wait(so, fut))
         if self.scheduler.has_unfinished_requests() and len(self._queue) < QUEUE_DEPTH:
             so = self._schedule()
-            if not so.is_empty:
+            if so.num_scheduled_tokens:
                 self._queue.append((so, self.executor.execute_model(so)))
                 if len(self._queue) < QUEUE_DEPTH and not self.force_sync_before_launch:
                     return []  # keep the worker fed before waiting on anything

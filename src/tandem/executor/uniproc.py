@@ -24,7 +24,14 @@ LAUNCH_WAIT_S = 0.05
 
 
 class _Step:
-    """One submitted step: its future and an event set when its forward starts (or it ends without one)."""
+    """One submitted step as the engine waits for it: the worker's future, and an event set when the step's
+    forward starts (or the step ends without one).
+
+    ``result`` materializes the step's ``PendingStep`` (reads its host copy) on the engine's thread, so the
+    worker thread goes on to the next step at once. Before that, if the next step is already queued, the
+    engine thread waits (GIL released) until the worker has built that step's inputs and entered its
+    forward: the engine's output processing and scheduling then run under the forward instead of contending
+    for the GIL with the worker's input preparation, which is on the critical path."""
 
     __slots__ = ("future", "launched", "next")
 
@@ -33,31 +40,15 @@ class _Step:
         self.launched = threading.Event()
         self.next: _Step | None = None  # the step submitted after this one, if any yet
 
-
-class _Materializing:
-    """The worker's future as the engine waits for it: the step's ``PendingStep`` is materialized (its host
-    copy read) on the engine's thread, so the worker thread goes on to the next step at once.
-
-    Before that, if the next step is already queued, the engine thread waits (GIL released) until the
-    worker has built that step's inputs and entered its forward: the engine's output processing and
-    scheduling then run under the forward instead of contending for the GIL with the worker's input
-    preparation, which is on the critical path."""
-
-    __slots__ = ("step",)
-
-    def __init__(self, step: _Step) -> None:
-        self.step = step
-
     def result(self, timeout: float | None = None) -> ModelRunnerOutput:
-        assert self.step.future is not None
-        pending = self.step.future.result(timeout)
-        nxt = self.step.next
-        if nxt is not None:
-            nxt.launched.wait(LAUNCH_WAIT_S)
+        assert self.future is not None
+        pending = self.future.result(timeout)
+        if self.next is not None:
+            self.next.launched.wait(LAUNCH_WAIT_S)
         return pending.materialize()
 
     def done(self) -> bool:
-        return self.inner.done()
+        return self.future is not None and self.future.done()
 
 
 class UniProcExecutor(Executor):
@@ -89,7 +80,7 @@ class UniProcExecutor(Executor):
             self._last.next = step
         self._last = step
         step.future = self._pool.submit(self._run, scheduler_output, step.launched)
-        return _Materializing(step)  # type: ignore[return-value]
+        return step  # type: ignore[return-value]
 
     def _run(self, scheduler_output: SchedulerOutput, launched: threading.Event) -> PendingStep:
         self.runner.on_forward = launched.set

@@ -273,14 +273,13 @@ def weight_nbytes(w: torch.Tensor | BlockQuantWeight | Int8Weight) -> int:
     return w.numel() * w.element_size()
 
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor | BlockQuantWeight, dtype: torch.dtype) -> torch.Tensor:
-    """``F.embedding`` for a plain or a block-quantized table (rows dequantized natively where the kernels
-    build, else through the reference), as ``dtype``."""
+def embedding(
+    ids: torch.Tensor, weight: torch.Tensor | BlockQuantWeight, dtype: torch.dtype, kernel: object = None
+) -> torch.Tensor:
+    """``F.embedding`` for a plain or a block-quantized table (rows dequantized by ``kernel``, the native
+    block kernels, when given; else through the reference), as ``dtype``."""
     if not isinstance(weight, BlockQuantWeight):
         return F.embedding(ids, weight)
-    from tandem.native.quant_linear import quant_linear_kernel
-
-    kernel = quant_linear_kernel()
     if kernel is not None:
         return kernel.rows(weight, ids).to(dtype)
     flat = ids.reshape(-1)

@@ -24,6 +24,7 @@ for it every function below runs exactly the unsharded arithmetic (the "collecti
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,9 @@ from tandem.distributed.communicator import Communicator
 from tandem.model.block_quant import BlockQuantWeight, embedding
 from tandem.model.linear import LinearKernels
 from tandem.model.model_args import ModelArgs
+
+if TYPE_CHECKING:
+    from tandem.native.quant_linear import QuantLinearKernel
 
 
 def split_range(n: int, parts: int, index: int) -> tuple[int, int]:
@@ -141,11 +145,13 @@ class ShardPlan:
 
 # -- the communicating operations ------------------------------------------------------------------------
 def vocab_parallel_embedding(
-    ids: torch.Tensor, weight: torch.Tensor | BlockQuantWeight, shard: ShardPlan, comm: Communicator
+    ids: torch.Tensor, weight: torch.Tensor | BlockQuantWeight, shard: ShardPlan, comm: Communicator,
+    kernel: QuantLinearKernel | None = None,
 ) -> torch.Tensor:
-    """``weight`` holds rows ``shard.vocab`` of the embedding; returns the full ``[T, hidden]`` lookup."""
+    """``weight`` holds rows ``shard.vocab`` of the embedding; returns the full ``[T, hidden]`` lookup.
+    ``kernel``: the native block kernels for a block-quantized table (None: the reference)."""
     if isinstance(weight, BlockQuantWeight):  # one rank holds every row (block_quant refuses more)
-        return embedding(ids, weight, torch.float32)
+        return embedding(ids, weight, torch.float32, kernel=kernel)
     local = ids - shard.vocab[0]
     inside = (local >= 0) & (local < shard.vocab_size)
     out = F.embedding(torch.where(inside, local, torch.zeros_like(local)), weight)

@@ -110,6 +110,7 @@ class CausalLM(nn.Module):
         # that building a model never compiles anything; None where it can never apply.
         self._native: NativeDecode | None = None
         self._native_resolved = False
+        self._checked_kv: KVCache | None = None  # the KV cache _check_cache last accepted
         # Whether short steps may take the native stack: the engine's resolved choice (tandem/execution.py);
         # None: this process's override (a model built directly, in tests and tools).
         self.native_decode: bool | None = None
@@ -186,7 +187,7 @@ class CausalLM(nn.Module):
         return total_nbytes(ws)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        x = vocab_parallel_embedding(ids, self.embed_tokens, self.shard, self.comm)
+        x = vocab_parallel_embedding(ids, self.embed_tokens, self.shard, self.comm, self.linear.quant)
         return x if self.embed_multiplier is None else x * self.embed_multiplier.to(x.device)
 
     @torch.inference_mode()
@@ -196,7 +197,9 @@ class CausalLM(nn.Module):
         kv_cache: KVCache,
         aux_hidden_layers: Sequence[int] = (),
     ) -> ModelOutput:
-        self._check_cache(kv_cache)
+        if kv_cache is not self._checked_kv:  # the runner passes the same cache every step
+            self._check_cache(kv_cache)
+            self._checked_kv = kv_cache
         for i in aux_hidden_layers:
             if not 0 <= i < self.num_layers:
                 raise ValueError(f"aux_hidden_layers index {i} outside [0, {self.num_layers})")
@@ -260,7 +263,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, hidden]`` -> float32 logits ``[N, vocab]``."""
         local = self.linear.linear(hidden, self.lm_head).float()
-        return gather_vocab_logits(local, self.shard, self.comm)
+        return local if self.comm.world_size == 1 else gather_vocab_logits(local, self.shard, self.comm)
 
     def full_vocab_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(embedding, LM head) over the whole vocabulary: the parameters themselves for one rank;

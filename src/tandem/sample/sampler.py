@@ -70,7 +70,9 @@ class Sampler:
         """Sample one token per row of ``logits`` [N, V] (float32; other float types are upcast)."""
         _check(logits, meta)
         logits = logits.float()
-        processed = self.processed_logits(logits, meta)
+        plain = (meta.no_penalties and meta.allowed is None and meta.logit_bias is None
+                 and meta.min_tokens_ban is None and meta.bad_words_ban is None)
+        processed = logits if plain else self.processed_logits(logits, meta)
         if meta.all_greedy:
             sampled = argmax_last(processed)
         else:

@@ -31,24 +31,18 @@ from tandem.worker.request_state import RequestState
 @dataclass
 class RequestPlan:
     state: RequestState
+    req_id: str
     slot: int
     row_start: int  # first row of this request in the flat batch
     num_tokens: int  # rows in the batch (n)
     num_slots: int  # draft slots among them (k_r)
+    num_known: int  # num_tokens - num_slots: tokens whose ids are known (history, not drafts)
     samples: bool
     exact: bool  # the host knows this request's frontier (its previous step is reconciled)
     host_drafts: list[int] | None  # sync scheduling: the drafts the host sent
     sample_rows: list[int] = field(default_factory=list)
     prompt_logprob_rows: list[int] = field(default_factory=list)
     prompt_logprob_start: int = 0  # prompt position of the first prompt-logprob row
-
-    @property
-    def req_id(self) -> str:
-        return self.state.req_id
-
-    @property
-    def num_known(self) -> int:
-        return self.num_tokens - self.num_slots
 
 
 @dataclass
@@ -58,13 +52,9 @@ class StepInputs:
     logits_rows: list[int]  # rows of hidden states to project, in order
     row_to_logit: dict[int, int]  # flat row -> index into the logits matrix
     base: torch.Tensor  # [R] device: each request's frontier before the step
-
-    @property
-    def sampling(self) -> list[RequestPlan]:
-        return [p for p in self.plans if p.samples]
-
-    def sampling_index(self) -> list[int]:
-        return [i for i, p in enumerate(self.plans) if p.samples]
+    sampling: list[RequestPlan]  # the plans that sample, in batch order
+    sampling_index: list[int]  # their indices in ``plans``
+    any_prompt_logprobs: bool  # some plan has prompt-logprob rows
 
 
 def prepare_inputs(
@@ -88,10 +78,10 @@ def prepare_inputs(
         k = len(host_slots)
         exact = rid not in stale
         host_drafts = list(host_slots) if k and host_slots[0] != -1 else None
-        plan = RequestPlan(st, slot, qsl[-1], n, k, rid in so.sampling_req_ids, exact, host_drafts)
+        plan = RequestPlan(st, rid, slot, qsl[-1], n, k, n - k, rid in so.sampling_req_ids, exact, host_drafts)
         known = n - k
         start_ub = st.num_computed_tokens if exact else logical.get(rid, st.num_computed_tokens)
-        if exact and start_ub + known > st.num_tokens:
+        if exact and start_ub + known > len(st.prompt_token_ids) + len(st.output_token_ids):
             raise RuntimeError(
                 f"{rid}: {known} tokens scheduled from position {start_ub} but only "
                 f"{st.num_tokens} are known to the runner"
@@ -151,4 +141,6 @@ def prepare_inputs(
         seq_lens_dev=None if all(p.exact for p in plans) else base + t(n_list),
     )
     row_to_logit = {r: i for i, r in enumerate(logits_rows)}
-    return StepInputs(batch, plans, logits_rows, row_to_logit, base)
+    sampling_index = [i for i, p in enumerate(plans) if p.samples]
+    return StepInputs(batch, plans, logits_rows, row_to_logit, base, [plans[i] for i in sampling_index],
+                      sampling_index, any(p.prompt_logprob_rows for p in plans))

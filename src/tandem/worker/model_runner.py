@@ -115,7 +115,7 @@ class ModelRunner:
         needed (a long prefill chunk of an abandoned request is not computed). Safe for the ledgers: the
         scheduler ignores late outputs of finished requests, caches only blocks of steps that came back
         (``Request.completed_frontier``), and the next step removes the requests here."""
-        if not self.abandoned or self.deferred or self._pending is not None:
+        if self.deferred or self._pending is not None:
             return False
         return all(rid in self.abandoned for rid in so.num_scheduled_tokens)
 
@@ -124,16 +124,14 @@ class ModelRunner:
     def execute_model(self, so: SchedulerOutput) -> PendingStep:
         # The "execute" span is the step's device window: the trace analysis measures how much of the
         # host's scheduling of the next step falls inside it.
-        with self.tracer.span("execute", track="device", step=so.step_id) as span:
-            out = self._execute(so)
-            span.args["reqs"] = so.num_reqs
-        return out
+        with self.tracer.span("execute", track="device", step=so.step_id, reqs=len(so.num_scheduled_tokens)):
+            return self._execute(so)
 
     def _execute(self, so: SchedulerOutput) -> PendingStep:
         tr = self.tracer
         with tr.span("prepare_inputs", track="device", step=so.step_id):
             self._update_states(so)
-            if so.is_empty or self._only_abandoned(so):
+            if not so.num_scheduled_tokens or (self.abandoned and self._only_abandoned(so)):
                 return PendingStep.empty(self.device)
             stale = set(self._pending.req_ids) if self._pending is not None else set()
             step = prepare_inputs(so, self.batch, block_size=self.block_size, stale=stale, device=self.device)
@@ -151,7 +149,7 @@ class ModelRunner:
             with tr.span("reconcile", track="device", step=self._pending.step_id):
                 self._reconcile(self._pending)
             self._pending = None
-        prompt_lp = self._prompt_logprobs(step, logits) if logits is not None else {}
+        prompt_lp = self._prompt_logprobs(step, logits) if step.any_prompt_logprobs and logits is not None else {}
         sampling = step.sampling
         sampled = torch.empty(0, 1, dtype=torch.int64, device=self.device)
         lp: LogprobsTensors | None = None
@@ -208,7 +206,7 @@ class ModelRunner:
         self, step: StepInputs, plans: list[RequestPlan], logits: torch.Tensor
     ) -> tuple[torch.Tensor, LogprobsTensors | None, list[int], list[int]]:
         """Sampled ids [B, K+1], logprobs, verified drafts and grammar-cut drafts per request."""
-        drafts_of = self._verified_drafts(plans)
+        drafts_of = self._verified_drafts(plans) if self.k else [[] for _ in plans]
         masks = None
         structured = self.structured
         if structured is not None and structured.grammars:
@@ -241,15 +239,15 @@ class ModelRunner:
         """From the batch's sampling columns; row by row only when a request needs its token history
         (penalties, bad words, min_tokens) or per-token lists (logit bias, allowed ids)."""
         with self.tracer.span("sampling_metadata", track="device"):
-            columns = self.batch.sampling
-            if not columns.any_special([p.slot for p in plans]):
-                row_slots, positions = [], []
-                for p in plans:
-                    n_out = len(p.state.output_token_ids)
-                    for j in range(p.num_slots + 1):
-                        row_slots.append(p.slot)
-                        positions.append(n_out + j)
-                return columns.metadata(row_slots, positions)
+            row_slots, positions = [], []
+            for p in plans:
+                n_out = len(p.state.output_token_ids)
+                for j in range(p.num_slots + 1):
+                    row_slots.append(p.slot)
+                    positions.append(n_out + j)
+            meta = self.batch.sampling.metadata(row_slots, positions)
+            if meta is not None:
+                return meta
             rows = []
             for p, drafts, n_valid in zip(plans, drafts_of, num_valid):
                 st, drafts = p.state, drafts[:n_valid]
@@ -285,7 +283,7 @@ class ModelRunner:
     # -- commit, reconcile, propose ----------------------------------------------------------------------
     def _commit_on_device(self, step: StepInputs, sampled: torch.Tensor) -> None:
         """Device-side: append sampled tokens, advance each frontier by what was really accepted."""
-        idx = step.sampling_index()
+        idx = step.sampling_index
         if idx:
             i_t = torch.tensor(idx, device=self.device)
             known = torch.tensor([step.plans[i].num_known for i in idx], device=self.device)

@@ -72,13 +72,14 @@ class PendingStep:
     _event: object = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self._sampled_h = _start_copy(self.sampled)
-        self._drafts_h = _start_copy(self.drafts) if self.drafts is not None else None
-        # Logprobs travel with the sampled ids (same event), not in a later blocking copy.
-        self._logprobs_h = _start_copies(self.logprobs) if self.logprobs is not None else None
-        for plp in self.prompt_logprobs.values():
-            plp.tensors = _start_copies(plp.tensors)
-        if self.sampled.device.type == "cuda":
+        self._sampled_h, self._drafts_h, self._logprobs_h = self.sampled, self.drafts, self.logprobs
+        if self.sampled.device.type == "cuda":  # on the CPU the tensors are their own host copy
+            self._sampled_h = _start_copy(self.sampled)
+            self._drafts_h = _start_copy(self.drafts) if self.drafts is not None else None
+            # Logprobs travel with the sampled ids (same event), not in a later blocking copy.
+            self._logprobs_h = _start_copies(self.logprobs) if self.logprobs is not None else None
+            for plp in self.prompt_logprobs.values():
+                plp.tensors = _start_copies(plp.tensors)
             event = torch.cuda.Event()
             event.record()
             self._event = event

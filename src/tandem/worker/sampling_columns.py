@@ -52,13 +52,12 @@ class SamplingColumns:
             or params.min_tokens or params.bad_words
         )
 
-    def any_special(self, slots: list[int]) -> bool:
-        special = self.special
-        return any(special[s] for s in slots)
-
-    def metadata(self, row_slots: list[int], positions: list[int]) -> SamplingMetadata:
+    def metadata(self, row_slots: list[int], positions: list[int]) -> SamplingMetadata | None:
         """Metadata for rows of non-special requests: row i belongs to slot ``row_slots[i]`` and samples
-        output position ``positions[i]``."""
+        output position ``positions[i]``; ``None`` if a row belongs to a special request."""
+        special = self.special
+        if any(special[s] for s in row_slots):
+            return None
         greedy = self.greedy
         is_greedy = tuple(greedy[s] for s in row_slots)
         all_greedy = all(is_greedy)
