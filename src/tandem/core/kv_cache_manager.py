@@ -212,8 +212,19 @@ class KVCacheManager:
         Returns False, changing nothing, when the pool cannot supply the blocks.
         """
         rid = req.request_id
+        held = self._blocks.get(rid)
+        if held is not None and new_computed_blocks is None and self.num_groups == 1:
+            # A running request of a model without window groups (nothing to release): most steps, its blocks
+            # already cover the new tokens and nothing changes.
+            total = req.num_computed_tokens + num_new_tokens
+            if num_lookahead_tokens:
+                total += num_lookahead_tokens
+                if req.max_model_len is not None:
+                    total = min(total, max(req.max_model_len, req.num_computed_tokens + num_new_tokens))
+            if -(-total // self.block_size) <= len(held[0]):
+                return True
         hits = new_computed_blocks or [[] for _ in self.group_windows]
-        held = self._blocks.get(rid) or [[] for _ in self.group_windows]
+        held = held or [[] for _ in self.group_windows]
         released = self._released.get(rid) or [0] * self.num_groups
         first_query = req.num_computed_tokens + len(hits[0]) * self.block_size
         total = first_query + num_new_tokens

@@ -86,10 +86,14 @@ def prepare_inputs(
                 f"{rid}: {known} tokens scheduled from position {start_ub} but only "
                 f"{st.num_tokens} are known to the runner"
             )
-        for j in range(n):
+        if n == 1 and not k:  # a decode row
             row_slot.append(slot)
-            row_offset.append(j)
-            row_draft.append(j - known if j >= known else -1)
+            row_offset.append(0)
+            row_draft.append(-1)
+        else:
+            row_slot += [slot] * n
+            row_offset += range(n)
+            row_draft += [-1] * known + list(range(k))
         if plan.samples:
             plan.sample_rows = list(range(plan.row_start + known - 1, plan.row_start + n))
         elif k:

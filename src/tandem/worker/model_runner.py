@@ -16,7 +16,7 @@ results needs that copy; only *when* the runner reads it differs:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -83,10 +83,6 @@ class ModelRunner:
         # Requests the engine aborted after scheduling steps that are still queued here
         # (:meth:`abandon`); dropped when a step removes them.
         self.abandoned: set[str] = set()
-        # Called once a step's inputs are built, right before its forward: the ``uni`` executor lets the
-        # engine thread's own Python (output processing, scheduling) wait for it, so the two threads do not
-        # fight for the GIL while the step is prepared and that work runs under the forward instead.
-        self.on_forward: Callable[[], None] | None = None
 
     # -- state -------------------------------------------------------------------------------------------
     def abandon(self, req_ids: Iterable[str]) -> None:
@@ -137,8 +133,6 @@ class ModelRunner:
             step = prepare_inputs(so, self.batch, block_size=self.block_size, stale=stale, device=self.device)
         aux = self.proposer.aux_hidden_layers if self.proposer is not None else ()
         with tr.span("forward", track="device", step=so.step_id, tokens=step.batch.num_tokens):
-            if self.on_forward is not None:
-                self.on_forward()
             fwd = self.model(step.batch, self.kv_cache, aux_hidden_layers=aux)
             rows = step.batch.logits_indices
             hidden = fwd.hidden_states if rows is None else fwd.hidden_states[rows]
