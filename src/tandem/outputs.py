@@ -34,6 +34,30 @@ class RequestMetrics:
             return None
         return self.first_token_time - self.arrival_time
 
+    # vLLM's request phases: waiting in the queue, prefill (first admission to the first token), decode
+    # (first to last token), inference (first admission to the last token). None until known.
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def prefill_time(self) -> float | None:
+        if self.first_scheduled_time is None or self.first_token_time is None:
+            return None
+        return self.first_token_time - self.first_scheduled_time
+
+    @property
+    def decode_time(self) -> float | None:
+        if self.first_token_time is None or self.last_token_time is None:
+            return None
+        return self.last_token_time - self.first_token_time
+
+    @property
+    def inference_time(self) -> float | None:
+        if self.first_scheduled_time is None or self.last_token_time is None:
+            return None
+        return self.last_token_time - self.first_scheduled_time
+
     @property
     def tpot(self) -> float | None:
         """Mean time per output token after the first."""

@@ -221,6 +221,15 @@ def test_metrics(server):
         assert name in m, name
     assert m["vllm:generation_tokens_total"] > 0
     assert m["vllm:time_to_first_token_seconds_count"] > 0
+    # Every finished request that produced a token went through prefill, decode and inference once (queue
+    # time is also known for one aborted after admission), and the phases add up: prefill + decode =
+    # inference, and queue + prefill covers the time to the first token.
+    count = {p: m[f"vllm:request_{p}_time_seconds_count"] for p in ("queue", "prefill", "decode", "inference")}
+    total = {p: m[f"vllm:request_{p}_time_seconds_sum"] for p in count}
+    ttft_n, ttft_sum = m["vllm:time_to_first_token_seconds_count"], m["vllm:time_to_first_token_seconds_sum"]
+    assert count["prefill"] == count["decode"] == count["inference"] == ttft_n > 0 and count["queue"] >= ttft_n
+    assert total["prefill"] + total["decode"] == pytest.approx(total["inference"], rel=1e-6)
+    assert total["queue"] + total["prefill"] >= ttft_sum * (1 - 1e-6) and total["prefill"] <= ttft_sum
     assert m["vllm:kv_cache_usage_perc"] == 0 and m["vllm:num_requests_running"] == 0
     decision = config_json(*FLAGS)["async_scheduling"]
     key = (

@@ -1,6 +1,7 @@
 """vLLM's smaller routes and the server's lifecycle: ``/tokenize`` / ``/detokenize`` against the engine's own
 tokenizer and chat template, ``GET /v1/models/{id}``, ``HEAD /health``, ``/ping``, each response's own
-``created``, the start-up line naming the engine plan, and a second server on a used port exiting 2 at once."""
+``created``, the start-up line naming the engine plan, a second server on a used port exiting 2 at once; and
+prompt scoring (``echo``, ``max_tokens: 0``, ``prompt_logprobs``) checked against sampling's own logprobs."""
 
 from __future__ import annotations
 
@@ -117,3 +118,59 @@ def test_vllm_metric_names_and_a_disconnect_counts_as_abort(server: RemoteServer
     for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
                  "vllm:inter_token_latency_seconds_count", "tandem:engine_healthy"):
         assert name in m, name
+
+
+# -- prompt scoring: echo, max_tokens 0, prompt_logprobs -----------------------------------------------------
+SCORE_PROMPT = "def add(a, b):\n    return"
+
+
+def test_prompt_scoring_agrees_with_sampling(server):
+    """The logprob echo reports for a prompt token equals the one sampling reported when it produced that
+    token: the greedy next token of P, scored as the last token of P + [it]."""
+    status, gen = _call(server, "/v1/completions", {"model": MODEL, "prompt": SCORE_PROMPT, "max_tokens": 1,
+                                                      "temperature": 0, "logprobs": 2})
+    assert status == 200
+    sampled_lp = gen["choices"][0]["logprobs"]["token_logprobs"][0]
+    ids = _call(server, "/tokenize", {"model": MODEL, "prompt": SCORE_PROMPT})[1]["tokens"]
+    nxt = _call(server, "/tokenize", {"model": MODEL, "prompt": SCORE_PROMPT + gen["choices"][0]["text"],
+                                      "add_special_tokens": True})[1]["tokens"]
+    status, scored = _call(server, "/v1/completions", {"model": MODEL, "prompt": nxt, "max_tokens": 0,
+                                                         "echo": True, "logprobs": 2, "prompt_logprobs": 2})
+    assert status == 200
+    choice = scored["choices"][0]
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(nxt) and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(v <= 0 for v in lp["token_logprobs"][1:])
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(nxt))]
+    assert choice["text"] == "".join(lp["tokens"])  # the prompt alone: max_tokens 0 drops the computed token
+    assert scored["usage"]["completion_tokens"] == 0 and scored["usage"]["prompt_tokens"] == len(nxt)
+    assert nxt[: len(ids)] == ids and len(nxt) == len(ids) + 1  # this text round-trips to P + [token]
+    assert lp["token_logprobs"][-1] == pytest.approx(sampled_lp, abs=1e-4)
+    # vLLM's prompt_logprobs field: None first, then {id: {logprob, rank, decoded_token}} holding the token.
+    plp = choice["prompt_logprobs"]
+    assert len(plp) == len(nxt) and plp[0] is None
+    for tid, entry, value in zip(nxt[1:], plp[1:], lp["token_logprobs"][1:]):
+        assert entry[str(tid)]["logprob"] == pytest.approx(value, abs=1e-6)
+
+
+def test_echo_streamed_equals_whole(server):
+    body = {"model": MODEL, "prompt": SCORE_PROMPT, "max_tokens": 6, "temperature": 0, "echo": True,
+            "logprobs": 1}
+    status, whole = _call(server, "/v1/completions", body)
+    assert status == 200 and whole["choices"][0]["text"].startswith(SCORE_PROMPT)
+    req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    text, tokens = "", []
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        for line in resp:
+            line = line.strip()
+            if line.startswith(b"data: {"):
+                c = json.loads(line[6:])["choices"][0]
+                text += c["text"]
+                tokens += c["logprobs"]["tokens"]
+    assert text == whole["choices"][0]["text"] and tokens == whole["choices"][0]["logprobs"]["tokens"]
+
+
+def test_max_tokens_zero_needs_echo(server):
+    status, err = _call(server, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0})
+    assert status == 400 and err["error"]["param"] == "max_tokens"

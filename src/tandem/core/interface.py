@@ -117,3 +117,4 @@ class EngineCoreOutput:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     error: str | None = None
+    first_scheduled_time: float | None = None  # time.monotonic() of the request's first admission

@@ -114,6 +114,7 @@ class Request:
         self.stop_reason: int | str | None = None
         self.spec_stats = SpecDecodingStats()
         self.first_token_time: float | None = None
+        self.first_scheduled_time: float | None = None  # set by the scheduler at the first admission
         self.finish_time: float | None = None
 
     # -- derived -----------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ async needs (draft placeholders, scheduling while a step is in flight) on top of
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -177,6 +178,7 @@ class Scheduler:
             req.num_computed_tokens = num_hit
             if req.num_cached_tokens < 0:  # first admission: counted once (a resumed request is not)
                 req.num_cached_tokens = num_hit
+                req.first_scheduled_time = time.monotonic()
                 if req.sampling_params.prompt_logprobs is None and self.kv.enable_prefix_caching:
                     self.kv.record_query(req, num_hit)
             req.status = RequestStatus.RUNNING
@@ -376,6 +378,7 @@ class Scheduler:
             num_cached_tokens=max(req.num_cached_tokens, 0),
             num_draft_tokens=num_valid,
             num_accepted_tokens=num_accepted,
+            first_scheduled_time=req.first_scheduled_time,
         )
 
     # -- invariants ------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from tandem.engine.output_processor import FrontRequest, OutputProcessor
 from tandem.engine.prompts import Prompt
 from tandem.engine.requests import MadeRequest, RequestFactory
 from tandem.executor.base import ExecutorError
-from tandem.outputs import SampleLogprobs
+from tandem.outputs import PromptLogprobs, SampleLogprobs
 from tandem.sampling_params import SamplingParams
 from tandem.trace.tracer import NULL_TRACER, Tracer
 
@@ -58,6 +58,8 @@ class RequestDelta:
     num_output_tokens: int  # cumulative
     num_cached_tokens: int = 0
     error: str | None = None
+    # Every prompt position's logprobs (the first None), once: in the first delta after the prefill.
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class _Stream:
@@ -334,6 +336,9 @@ def _delta(fr: FrontRequest, index: int) -> RequestDelta:
     start = fr.streamed_tokens
     text, token_ids = fr.take_delta()
     logprobs = None if fr.logprobs is None else fr.logprobs[start : start + len(token_ids)]
+    prompt_logprobs = None
+    if fr.prompt_logprobs is not None and not fr.prompt_logprobs_sent and (token_ids or fr.finished):
+        prompt_logprobs, fr.prompt_logprobs_sent = list(fr.prompt_logprobs), True
     return RequestDelta(
         request_id=fr.req_id,
         index=index,
@@ -346,4 +351,5 @@ def _delta(fr: FrontRequest, index: int) -> RequestDelta:
         num_output_tokens=len(fr.token_ids),
         num_cached_tokens=fr.num_cached_tokens,
         error=fr.error,
+        prompt_logprobs=prompt_logprobs,
     )

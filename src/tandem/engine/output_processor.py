@@ -41,6 +41,7 @@ class FrontRequest:
     logprobs: SampleLogprobs | None = None
     cumulative_logprob: float | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs_sent: bool = False  # handed out whole, with the first delta after the prefill
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     error: str | None = None
@@ -123,6 +124,8 @@ class OutputProcessor:
                 continue
             if out.prompt_logprobs and fr.prompt_logprobs is not None:
                 fr.prompt_logprobs.extend(self._convert(lp) for lp in out.prompt_logprobs)
+            if fr.metrics.first_scheduled_time is None:
+                fr.metrics.first_scheduled_time = out.first_scheduled_time
             if out.new_token_ids:
                 fr.num_cached_tokens = out.num_cached_tokens
                 if fr.metrics.first_token_time is None:

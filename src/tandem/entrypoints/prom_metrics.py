@@ -154,6 +154,16 @@ class ServerMetrics:
             r, "vllm:e2e_request_latency_seconds", "Arrival to last token.", _LATENCY_BUCKETS,
             model_name,
         )  # fmt: skip
+        # The request's phases, as vLLM names them (RequestMetrics: queue, prefill, decode, inference).
+        self.phases = {
+            phase: _histogram(r, f"vllm:request_{phase}_time_seconds", doc, _LATENCY_BUCKETS, model_name)
+            for phase, doc in (
+                ("queue", "Arrival to the first admission by the scheduler."),
+                ("prefill", "First admission to the first output token."),
+                ("decode", "First to last output token."),
+                ("inference", "First admission to the last output token."),
+            )
+        }
         self.success = Counter(
             "vllm:request_success",
             "Requests finished, by finish reason.",
@@ -172,6 +182,10 @@ class ServerMetrics:
             self.itl.observe(later - earlier)
         if m.finished_time is not None:
             self.e2e.observe(m.finished_time - m.arrival_time)
+        for phase, hist in self.phases.items():
+            value = getattr(m, f"{phase}_time")
+            if value is not None:
+                hist.observe(value)
         self.success.labels(self.model_name, fr.finish_reason or "unknown").inc()
 
     def render(self) -> bytes:

@@ -145,6 +145,7 @@ class CompletionRequest(_SamplingRequest):
     max_tokens: SmallInt | None = 16  # OpenAI's and vLLM's default for completions
     logprobs: SmallInt | None = None
     echo: bool = False
+    prompt_logprobs: SmallInt | None = None  # vLLM's extra: each prompt position's logprobs, top-n
     suffix: str | None = None
     best_of: SmallInt | None = None
 

@@ -64,6 +64,7 @@ def prepare(
     max_tokens: int | None,
     logprobs: int | None,
     prompt_param: str,
+    prompt_logprobs: int | None = None,
 ) -> Prepared:
     """Tokenize, check lengths and build each prompt's ``SamplingParams``; any problem is a 400.
 
@@ -77,6 +78,7 @@ def prepare(
     except ValueError as exc:  # logit_bias keys, or conflicting structured-output fields
         raise bad_value(exc, "logit_bias") from exc
     kw["logprobs"] = logprobs
+    kw["prompt_logprobs"] = prompt_logprobs
     kw["max_tokens"] = max_tokens
     try:
         SamplingParams(**kw)  # range errors name their field before any tokenizing
