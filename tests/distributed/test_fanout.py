@@ -4,10 +4,15 @@ pending step once there is more than one rank, and disagreeing sampled-token dig
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tandem.core.interface import ModelRunnerOutput
 from tandem.distributed.fanout import RankAck, StepFanout, rank_reply, tokens_digest
 from tandem.executor.base import ExecutorError
+from tandem.sampling_params import SamplingParams
+from tandem.worker.input_prep import RequestPlan
+from tandem.worker.pending import PendingStep
+from tandem.worker.request_state import RequestState
 
 
 def _out(tokens: list[list[int]]) -> ModelRunnerOutput:
@@ -50,8 +55,21 @@ def test_one_rank_step_failure_fails_only_that_step() -> None:
     assert not f2.done() and fan.dead is None
 
 
+def _step(tokens: list[list[int]]) -> PendingStep:
+    """A runner's step result (one verify of two tokens per request), as a rank holds it before replying."""
+    plans = []
+    for i, _ in enumerate(tokens):
+        st = RequestState(f"r{i}", i, [1, 2, 3], [], SamplingParams(), 0, [0], 3)
+        plans.append(RequestPlan(st, st.req_id, i, 0, 2, 1, 1, True, True, None))
+    width = max(map(len, tokens))
+    sampled = torch.tensor([row + [-1] * (width - len(row)) for row in tokens])
+    return PendingStep(step_id=1, req_ids=[p.req_id for p in plans], sampling=plans, sampled=sampled, drafts=None,
+                       num_valid=[1] * len(plans), logprobs=None, prompt_logprobs={}, send_drafts=False)
+
+
 def test_rank_reply() -> None:
-    out = _out([[1, 2]])
-    assert rank_reply(out, 0, True) is out
-    assert rank_reply(out, 1, False) == RankAck(1, None)
-    assert rank_reply(out, 1, True) == RankAck(1, tokens_digest([[1, 2]]))
+    step = _step([[1, 2]])
+    out = rank_reply(step, 0, True)
+    assert isinstance(out, ModelRunnerOutput) and out.sampled_token_ids == [[1, 2]] and out.req_ids == ["r0"]
+    assert rank_reply(step, 1, False) == RankAck(1, None)
+    assert rank_reply(step, 1, True) == RankAck(1, tokens_digest([[1, 2]]))
