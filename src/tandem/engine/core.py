@@ -39,7 +39,6 @@ class EngineCore:
         async_scheduling: bool,
         debug_invariants: bool = False,
         tracer: Tracer = NULL_TRACER,
-        force_sync_before_launch: bool = False,
     ) -> None:
         if async_scheduling and not scheduler.is_async:
             raise ValueError("async scheduling needs an AsyncScheduler")
@@ -48,9 +47,6 @@ class EngineCore:
         self.async_scheduling = async_scheduling
         self.debug_invariants = debug_invariants
         self.tracer = tracer
-        # Diagnostic arm: the async scheduler, but the host waits for every step in flight before it
-        # schedules the next one. Outputs are identical; overlap is gone (the trace analysis shows it).
-        self.force_sync_before_launch = force_sync_before_launch
         # Called every WAIT_POLL_S while the loop waits for a step (AsyncLLM: apply aborts that arrived, so
         # a step still queued in the worker for an abandoned request is skipped, not computed).
         self.while_waiting: Callable[[], None] | None = None
@@ -130,14 +126,11 @@ class EngineCore:
         return self._update(so, self._wait(so, fut))
 
     def step_async(self) -> list[EngineCoreOutput]:
-        if self.force_sync_before_launch and self._queue:
-            so, fut = self._queue.popleft()
-            return self._update(so, self._wait(so, fut))
         if self.scheduler.has_unfinished_requests() and len(self._queue) < QUEUE_DEPTH:
             so = self._schedule()
             if so.num_scheduled_tokens:
                 self._queue.append((so, self.executor.execute_model(so)))
-                if len(self._queue) < QUEUE_DEPTH and not self.force_sync_before_launch:
+                if len(self._queue) < QUEUE_DEPTH:
                     return []  # keep the worker fed before waiting on anything
         if not self._queue:
             return []
