@@ -185,18 +185,12 @@ class Scheduler:
             self.running.append(req)
             num_scheduled[req.request_id] = n_new
             budget -= n_new
-            new_reqs.append(
-                NewRequestData(
-                    req_id=req.request_id,
-                    prompt_token_ids=list(req.prompt_token_ids),
-                    output_token_ids=list(req.output_token_ids),
-                    sampling_params=req.sampling_params,
-                    seed=req.seed,
-                    block_ids=list(req.block_ids),
-                    num_computed_tokens=num_hit,
-                    group_block_ids=[list(g) for g in req.group_block_ids],
-                )
-            )
+            new_reqs.append(NewRequestData(
+                req_id=req.request_id, prompt_token_ids=list(req.prompt_token_ids),
+                output_token_ids=list(req.output_token_ids), sampling_params=req.sampling_params, seed=req.seed,
+                block_ids=list(req.block_ids), num_computed_tokens=num_hit,
+                group_block_ids=[list(g) for g in req.group_block_ids],
+            ))
 
         new_ids = {nr.req_id for nr in new_reqs}
         for rid, (before, group_before) in blocks_before.items():
