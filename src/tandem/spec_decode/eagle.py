@@ -218,17 +218,17 @@ class DraftHeadProposer(Proposer):
     def _segments(self, inp: ProposeInput) -> tuple[list[int], list[int]]:
         """Device-state slot of every request (segment) of the target batch, and the segment of each
         sampling request; the other segments are the prefill chunks, in batch order."""
-        qsl, slot_of = inp.batch.query_start_loc, inp.input_batch.slot_of
+        qsl = inp.batch.query_start_loc
         seg_slot = [-1] * inp.batch.num_reqs
         seg_of_req = []
         for st, rows in zip(inp.states, inp.sample_rows):
             seg = bisect_right(qsl, rows[0]) - 1
-            seg_slot[seg] = slot_of[st.req_id]
+            seg_slot[seg] = st.slot
             seg_of_req.append(seg)
         rest = iter(inp.prefill_states)
         for seg in range(len(seg_slot)):
             if seg_slot[seg] < 0:
-                seg_slot[seg] = slot_of[next(rest).req_id]
+                seg_slot[seg] = next(rest).slot
         return seg_slot, seg_of_req
 
     def propose(self, inp: ProposeInput) -> torch.Tensor:

@@ -3,9 +3,8 @@ and block tables on the device, its sampling parameters as columns (``SamplingCo
 (``RequestState``). A slot is written when a request is admitted (validated then, once), grows when the
 scheduler gives it blocks, and is freed when the request finishes or is preempted; nothing is rebuilt per step.
 
-Step N writes its sampled tokens, advances the frontier by
-the accepted count and stores the next drafts here with device ops only; step N+1 reads its input ids,
-positions and slot mapping from here. So the next step never needs the host to know what step N accepted:
+Step N writes its sampled tokens, advances the frontier by the accepted count and stores the next drafts here
+with device ops only; step N+1 reads its input ids, positions and slot mapping from here. So the next step never needs the host to know what step N accepted:
 that is what lets the worker launch step N+1 before reconciling step N on the host (deferred
 reconciliation), and what keeps ``-1`` placeholders away from the embedding.
 
@@ -43,9 +42,8 @@ class InputBatch:
         self.group_block_tables = [torch.zeros_like(self.block_table) for _ in range(num_groups - 1)]
         self.max_model_len = max_model_len
         self.sampling = SamplingColumns(max_reqs, vocab_size, device)
-        self.reqs: dict[str, RequestState] = {}  # the host records, by request id
+        self.reqs: dict[str, RequestState] = {}  # the host records (each knows its slot), by request id
         self._free = list(range(max_reqs - 1, -1, -1))
-        self.slot_of: dict[str, int] = {}
 
     # -- slots -------------------------------------------------------------------------------------------
     def add(self, nr: NewRequestData) -> RequestState:
@@ -60,7 +58,6 @@ class InputBatch:
         slot = self._free.pop()
         st = RequestState.from_new(nr, slot)
         self.reqs[nr.req_id] = st
-        self.slot_of[nr.req_id] = slot
         tokens = st.prompt_token_ids + st.output_token_ids
         self.tokens[slot, :n] = torch.tensor(tokens, dtype=torch.int64).to(self.device, non_blocking=True)
         self.num_tokens[slot] = n
@@ -71,10 +68,9 @@ class InputBatch:
         return st
 
     def remove(self, req_id: str) -> None:
-        self.reqs.pop(req_id, None)
-        slot = self.slot_of.pop(req_id, None)
-        if slot is not None:
-            self._free.append(slot)
+        st = self.reqs.pop(req_id, None)
+        if st is not None:
+            self._free.append(st.slot)
 
     def append_blocks(self, cached: Iterable[CachedRequestData]) -> None:
         """The blocks the scheduler gave running requests this step, written in one go per table."""

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import torch
 
 from tandem.core.interface import SchedulerOutput
-from tandem.core.limits import remaining_tokens
+from tandem.core.limits import UNBOUNDED, remaining_tokens
 from tandem.model.forward_batch import KVCache
 from tandem.model.transformer import CausalLM
 from tandem.sample import RejectionSampler, RowSpec, Sampler, SamplingMetadata
@@ -296,7 +296,7 @@ class ModelRunner:
             st = p.state
             if reqs.get(st.req_id) is not st:
                 continue  # finished or preempted meanwhile
-            st.num_computed_tokens += p.num_tokens - p.num_slots + len(toks) - 1
+            st.num_computed_tokens += p.num_known + len(toks) - 1
             st.output_token_ids.extend(toks)
             if grammars:
                 structured.accept(st.req_id, toks)  # type: ignore[union-attr]
@@ -346,6 +346,6 @@ class ModelRunner:
         """Exact per-request draft cap on the device: never past max_tokens or max_model_len."""
         n_tokens = self.batch.num_tokens.index_select(0, slots)
         prompt = torch.tensor([p.state.num_prompt_tokens for p in plans], device=self.device)
-        max_tok = torch.tensor([p.state.sampling_params.max_tokens or (1 << 40) for p in plans], device=self.device)
+        max_tok = torch.tensor([p.state.sampling_params.max_tokens or UNBOUNDED for p in plans], device=self.device)
         left = remaining_tokens(n_tokens, prompt, max_tok, self.max_model_len, minimum=torch.minimum)
         return (left - 1).clamp(min=0, max=self.k)

@@ -65,7 +65,7 @@ class PendingStep:
     logprobs: LogprobsTensors | None
     prompt_logprobs: dict[str, PromptLogprobs]
     send_drafts: bool  # sync scheduling: drafts travel to the host scheduler
-    tokens_applied: bool = False  # a host-side proposer already applied the tokens to the host mirror
+    tokens_applied: bool = False  # a host-side proposer already applied the tokens to the host records
     num_invalid: list[int] | None = None  # drafts cut by a grammar, per sampling request
     _host: tuple[list[list[int]], list[list[int]] | None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
