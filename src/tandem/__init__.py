@@ -19,6 +19,11 @@ _LAZY = {
     "CompletionOutput": "tandem.outputs",
     "rejection_sample": "tandem.sample.rejection",
     "AsyncSchedulingDecision": "tandem.async_decision",
+    "EngineArgs": "tandem.engine.arg_utils",
+    "AsyncEngineArgs": "tandem.engine.arg_utils",
+    "AsyncLLM": "tandem.engine.async_llm",
+    "RequestOutputKind": "tandem.sampling_params",
+    "StructuredOutputsParams": "tandem.sampling_params",
 }
 
 
@@ -32,4 +37,5 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "rejection_sample"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "rejection_sample", "EngineArgs",
+           "AsyncEngineArgs", "AsyncLLM", "RequestOutputKind", "StructuredOutputsParams"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tandem.quantization import ACTIVATION_CHOICES, QUANTIZATION_CHOICES
+from tandem import vllm_args
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -60,6 +61,14 @@ class ModelConfig:
     chat_template: str | None = flag(
         None, "a Jinja chat template (a file's path, or the template itself) in place of the model's"
     )
+    max_logprobs: int = flag(20, "the most logprobs / prompt_logprobs a request may ask for; -1: the vocabulary")
+    # vLLM's: where requests' default sampling parameters come from (engine/generation_defaults.py)
+    generation_config: str = flag(
+        "auto", "auto: the checkpoint's generation_config.json; vllm: vLLM's defaults; or a folder holding one"
+    )
+    override_generation_config: dict[str, Any] | None = flag(
+        None, "JSON: default sampling parameters over the generation config's (e.g. {\"temperature\": 0.5})"
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -77,6 +86,13 @@ class ModelConfig:
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
             raise ValueError(f"chat_template must be a non-empty string, got {self.chat_template!r}")
         _positive("max_model_len", self.max_model_len, allow_none=True)
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be -1 or a non-negative integer, got {self.max_logprobs!r}")
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {self.generation_config!r}")
+        if self.override_generation_config is not None and not isinstance(self.override_generation_config, dict):
+            raise ValueError("override_generation_config must be a dict of sampling parameters, got "
+                             f"{self.override_generation_config!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -94,6 +110,11 @@ class CacheConfig:
     num_kv_blocks: int | None = flag(None, "KV blocks in the pool; wins over --kv-cache-memory")
     kv_cache_memory: int | None = flag(None, "KV cache budget in bytes (target and drafter); default 1 GiB")
     enable_prefix_caching: bool = flag(True, "reuse the KV blocks of earlier requests' equal prefixes")
+    # vLLM's; on a CPU its CPU backend's meaning (engine/memory.py)
+    gpu_memory_utilization: float | None = flag(
+        None, "the fraction of the machine's memory the engine may hold (weights + KV); the KV cache gets the rest "
+        "after the weights and the process; used when neither --kv-cache-memory nor --num-kv-blocks is given"
+    )
 
     DEFAULT_KV_CACHE_MEMORY = 1 << 30
 
@@ -101,15 +122,23 @@ class CacheConfig:
         _positive("block_size", self.block_size)
         _positive("num_kv_blocks", self.num_kv_blocks, allow_none=True)
         _positive("kv_cache_memory", self.kv_cache_memory, allow_none=True)
+        u = self.gpu_memory_utilization
+        if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")
 
-    def num_blocks_for(self, bytes_per_block: int) -> int:
+    def num_blocks_for(self, bytes_per_block: int, utilization_budget: int | None = None) -> int:
+        """KV blocks: ``num_kv_blocks``, else ``kv_cache_memory`` (default 1 GiB), else — when
+        ``gpu_memory_utilization`` is given — ``utilization_budget`` (its bytes, from engine/memory.py)."""
         if self.num_kv_blocks is not None:
             return self.num_kv_blocks
+        name = "kv_cache_memory"
         budget = self.kv_cache_memory or self.DEFAULT_KV_CACHE_MEMORY
+        if self.kv_cache_memory is None and utilization_budget is not None:
+            name, budget = "the KV budget of gpu_memory_utilization", utilization_budget
         blocks = budget // bytes_per_block
         if blocks < 1:
             raise ValueError(
-                f"kv_cache_memory ({budget} bytes) is smaller than one KV block ({bytes_per_block} bytes)"
+                f"{name} ({budget} bytes) is smaller than one KV block ({bytes_per_block} bytes)"
             )
         return int(blocks)
 
@@ -117,7 +146,10 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = flag(64, "requests running at once")
-    max_num_batched_tokens: int = flag(2048, "tokens in one step (prefill chunks included)")
+    max_num_batched_tokens: int | None = flag(
+        None, "tokens in one step (prefill chunks included); default 2048, or max_model_len (at least 2048) "
+        "with chunked prefill off (EnginePlan.max_num_batched_tokens)"
+    )
     # Tri-state request: False = off, True = demanded (fail if unsupported), None = decide by capability.
     # Never rewritten: the decision lives in AsyncSchedulingDecision.
     async_scheduling: bool | None = flag(None, "on / off; default: auto (on when every component supports it)")
@@ -126,10 +158,14 @@ class SchedulerConfig:
     deferred_reconciliation: bool = flag(
         False, "launch step N+1 without waiting for step N's accepted counts (needs async)"
     )
+    # vLLM's; off: a prompt is prefilled in one step or waits (max_num_batched_tokens >= max_model_len)
+    enable_chunked_prefill: bool | None = flag(None, "split long prompts over steps; default on")
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens, allow_none=True)
+        if self.enable_chunked_prefill not in (None, True, False):
+            raise ValueError(f"enable_chunked_prefill must be True, False or None, got {self.enable_chunked_prefill!r}")
         if self.async_scheduling not in (None, True, False):
             raise ValueError(
                 f"async_scheduling must be True, False or None, got {self.async_scheduling!r}"
@@ -203,6 +239,7 @@ class SpeculativeConfig:
         if not isinstance(value, dict):
             raise ValueError("speculative_config must be a dict, a JSON string or SpeculativeConfig")
         known = set(cls.__dataclass_fields__)
+        value, _ = vllm_args.translate_speculative(value, known)
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}")
@@ -245,6 +282,15 @@ class ParallelConfig:
 class ObservabilityConfig:
     debug_invariants: bool = flag(False, "check every request and block-pool invariant after every step")
     trace_file: str | None = flag(None, "write a Chrome trace of the run here", cli=False)  # commands: --trace
+    # vLLM's; default: on for the server, off for LLM (vLLM's defaults) — engine/stats_logger.py
+    disable_log_stats: bool | None = flag(None, "no periodic line of throughput and cache use in the log")
+    log_level: str | None = flag(None, "the level of tandem's loggers (DEBUG, INFO, ...)", cli=False)  # CLI: top level
+
+    def __post_init__(self) -> None:
+        if self.log_level is not None and str(self.log_level).upper() not in (
+            "CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET"
+        ):
+            raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
 
 
 @dataclass(frozen=True)
@@ -255,6 +301,8 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig | None = None
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    # vLLM engine arguments taken with nothing to do here (tandem.vllm_args: "accepted"): (name, repr(value))
+    vllm_accepted: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -264,7 +312,7 @@ class EngineFlag:
     name: str  # the LLM keyword; the CLI option is --name-with-dashes
     section: str  # the EngineConfig field that holds it
     default: Any
-    kind: str  # "int", "str", "bool" (on / off) or "json" (speculative_config)
+    kind: str  # "int", "float", "str", "bool" (on / off) or "json" (speculative_config, dicts)
     help: str
     choices: tuple[str, ...] | None = None
     aliases: tuple[str, ...] = ()
@@ -282,10 +330,14 @@ def engine_flags() -> tuple[EngineFlag, ...]:
         if section.name == "speculative":
             out.append(EngineFlag("speculative_config", "speculative", None, "json", "JSON, vLLM's keys"))
             continue
+        if section.name == "vllm_accepted":
+            continue
         for f in fields(section.default_factory()):  # type: ignore[misc]
             if "cli" not in f.metadata:
                 continue
-            kind = "bool" if str(f.type).startswith("bool") else "int" if str(f.type).startswith("int") else "str"
+            t = str(f.type)
+            kind = next((k for k in ("bool", "int", "float", "dict") if t.startswith(k)), "str")
+            kind = "json" if kind == "dict" else kind
             out.append(EngineFlag(f.name, section.name, f.default, kind, f.metadata["help"],
                                   f.metadata["choices"], f.metadata["aliases"], f.metadata["cli"]))
     return tuple(out)
@@ -302,13 +354,30 @@ def engine_config(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
                                  "(tandem's name and vLLM's); pass one")
             kw[name] = kw.get(name) if kw.get(name) is not None else value
     flags = {f.name: f for f in engine_flags()}
+    kw, accepted = vllm_args.translate(kw, set(flags))
     unknown = sorted(set(kw) - set(flags))
     if unknown:
         raise ValueError(f"unknown engine argument(s) {unknown}")
     given: dict[str, dict[str, Any]] = {"model": {"model": model}}  # section -> its fields given
     for name, value in kw.items():
-        if value is not None and flags[name].kind != "json":
+        if value is not None and name != "speculative_config":
             given.setdefault(flags[name].section, {})[name] = value
+    if isinstance(given.get("model", {}).get("override_generation_config"), str):
+        given["model"]["override_generation_config"] = _json_arg(
+            "override_generation_config", given["model"]["override_generation_config"])
     sections = {s.name: s.default_factory(**given.get(s.name, {}))  # type: ignore[misc]
-                for s in fields(EngineConfig) if s.name != "speculative"}
-    return EngineConfig(**sections, speculative=SpeculativeConfig.from_any(kw.get("speculative_config")))
+                for s in fields(EngineConfig) if s.name not in ("speculative", "vllm_accepted")}
+    spec = kw.get("speculative_config")
+    if isinstance(spec, str):
+        spec = _json_arg("speculative_config", spec)
+    if isinstance(spec, dict):  # vLLM's keys beside tandem's own: answered (tandem.vllm_args)
+        spec, spec_accepted = vllm_args.translate_speculative(spec, set(SpeculativeConfig.__dataclass_fields__))
+        accepted += spec_accepted
+    return EngineConfig(**sections, speculative=SpeculativeConfig.from_any(spec), vllm_accepted=accepted)
+
+
+def _json_arg(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name} is not valid JSON: {exc}") from exc

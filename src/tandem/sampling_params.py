@@ -1,16 +1,25 @@
 """Per-request sampling parameters, named and defaulted like vLLM's ``SamplingParams``.
 
-Validation happens in the constructor: every bad value raises ``ValueError`` naming the field, before the
-request can reach the engine. Instances are immutable after construction (use :meth:`clone`).
-No torch here: the sampler turns these into tensors.
+Validation happens in the constructor and on every assignment (vLLM's scripts set fields of
+``llm.get_default_sampling_params()``): every bad value raises ``ValueError`` naming the field, and a refused
+assignment leaves the object as it was. The engine keeps its own copy of a request's params (the request
+factory clones them), so changing an object after submitting it changes nothing in flight. How many logprobs
+a request may ask for is the engine's ``max_logprobs``. No torch here: the sampler turns these into tensors.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-_MAX_LOGPROBS = 20
+
+class RequestOutputKind(enum.IntEnum):
+    """vLLM's: what a streamed output carries (``AsyncLLM.generate``); ``LLM.generate`` returns final ones."""
+
+    CUMULATIVE = 0  # everything so far
+    DELTA = 1  # only what is new since the last output
+    FINAL_ONLY = 2  # nothing until the request finishes
 
 
 @dataclass(frozen=True)
@@ -46,14 +55,14 @@ class StructuredOutputsParams:
                 raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings")
 
 
-@dataclass(frozen=True)
+@dataclass(eq=True)
 class SamplingParams:
     """How to sample one request's output (vLLM names and defaults)."""
 
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1: disabled
+    top_k: int = -1  # -1 (or vLLM's 0): disabled
     min_p: float = 0.0
     seed: int | None = None
     presence_penalty: float = 0.0
@@ -73,6 +82,14 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = field(default=None, hash=False)
     allowed_token_ids: tuple[int, ...] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's: keep the prompt's last N tokens (-1: max_model_len's worth); the request factory cuts
+    truncate_prompt_tokens: int | None = None
+    # vLLM's: only a slow (Python) tokenizer puts spaces between special tokens; tandem's are fast ones,
+    # which join them as they are, as vLLM's fast-tokenizer detokenizer does
+    spaces_between_special_tokens: bool = True
+    # vLLM's: free-form arguments for custom sampling code; carried, unread by tandem's sampler
+    extra_args: dict[str, Any] | None = field(default=None, compare=False)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __init__(self, **kwargs: Any) -> None:
         known = {f.name: f for f in fields(self)}
@@ -89,6 +106,18 @@ class SamplingParams:
             object.__setattr__(self, name, value)
         self._normalise()
         self._validate()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self.__dataclass_fields__:
+            raise ValueError(f"unknown sampling field {name!r}")
+        old = getattr(self, name)
+        object.__setattr__(self, name, value)
+        try:
+            self._normalise()
+            self._validate()
+        except (ValueError, TypeError):
+            object.__setattr__(self, name, old)
+            raise
 
     # -- construction helpers -------------------------------------------------------------------------
     def _normalise(self) -> None:
@@ -110,6 +139,13 @@ class SamplingParams:
             object.__setattr__(
                 self, "structured_outputs", StructuredOutputsParams(**self.structured_outputs)
             )
+        if self.top_k == 0 and not isinstance(self.top_k, bool):  # vLLM's "disabled"
+            object.__setattr__(self, "top_k", -1)
+        if isinstance(self.output_kind, int) and not isinstance(self.output_kind, (bool, RequestOutputKind)):
+            try:
+                object.__setattr__(self, "output_kind", RequestOutputKind(self.output_kind))
+            except ValueError as exc:
+                raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}") from exc
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError("logit_bias must be a mapping of token id to bias")
@@ -169,8 +205,19 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             check_int(name, value, allow_none=True)
-            if value is not None and not 0 <= value <= _MAX_LOGPROBS:
-                raise ValueError(f"{name} must be in [0, {_MAX_LOGPROBS}], got {value}")
+            if value is not None and value < -1:
+                raise ValueError(f"{name} must be -1 (the whole vocabulary) or non-negative, got {value}")
+        check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, allow_none=True)
+        if self.truncate_prompt_tokens is not None and (self.truncate_prompt_tokens < -1
+                                                        or self.truncate_prompt_tokens == 0):
+            raise ValueError(f"truncate_prompt_tokens must be -1 or at least 1, got {self.truncate_prompt_tokens}")
+        if not isinstance(self.spaces_between_special_tokens, bool):
+            raise ValueError("spaces_between_special_tokens must be a bool, got "
+                             f"{self.spaces_between_special_tokens!r}")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ValueError(f"extra_args must be a dict, got {type(self.extra_args).__name__}")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         for stop in self.stop:
             if not isinstance(stop, str) or not stop:
                 raise ValueError(f"stop must be a list of non-empty strings, got {stop!r}")
@@ -213,4 +260,4 @@ class SamplingParams:
                 raise ValueError(f"token id {tid} is outside the vocabulary (size {vocab_size})")
 
 
-__all__ = ["SamplingParams", "StructuredOutputsParams"]
+__all__ = ["RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]

@@ -36,6 +36,7 @@ def make_engine(
     prefix_caching: bool = True,
     model: FakeModel | None = None,
     draft_error_rate: float = 0.3,
+    enable_chunked_prefill: bool = True,
 ) -> tuple[EngineCore, FakeRunner]:
     cls = AsyncScheduler if async_scheduling else Scheduler
     sched = cls(
@@ -46,6 +47,7 @@ def make_engine(
         block_size=block_size,
         enable_prefix_caching=prefix_caching,
         num_speculative_tokens=k,
+        enable_chunked_prefill=enable_chunked_prefill,
     )
     runner = FakeRunner(
         model or FakeModel(),

@@ -46,6 +46,29 @@ def test_chunked_prefill(async_scheduling):
     assert core.scheduler.counters.num_steps >= (20 + 21 + 22) // 7
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_without_chunked_prefill_a_prompt_is_prefilled_whole_or_waits(async_scheduling):
+    """vLLM's enable_chunked_prefill=False: the head of the queue waits for a step with room for its whole
+    prompt (FCFS: nobody overtakes it), and outputs are those of the model."""
+    core, runner = make_engine(async_scheduling=async_scheduling, max_num_batched_tokens=10,
+                               enable_chunked_prefill=False)
+    prompts = {"r0": list(range(1, 9)), "r1": list(range(11, 19)), "r2": [3, 4]}
+    for rid, p in prompts.items():
+        core.add_request(make_request(rid, p, max_tokens=4))
+    so = core.scheduler.schedule()
+    assert so.num_scheduled_tokens == {"r0": 8}  # r1 does not fit whole in the 2 left, r2 may not overtake
+    core.scheduler.update_from_output(so, core.executor.execute_model(so).result())
+    reqs = [core.scheduler.requests[rid] for rid in ("r0", "r1", "r2")]
+    for req in reqs:
+        core.scheduler.abort_requests([req.request_id])
+    assert_all_free(core)
+    core, runner = make_engine(async_scheduling=async_scheduling, max_num_batched_tokens=10,
+                               enable_chunked_prefill=False)
+    got = run_to_completion(core, [make_request(rid, p, max_tokens=4) for rid, p in prompts.items()])
+    for rid, p in prompts.items():
+        assert got[rid].tokens == reference_tokens(runner.model, p, 4)
+
+
 def test_schedule_respects_budgets():
     core, _ = make_engine(async_scheduling=False, max_num_batched_tokens=10, max_num_seqs=2)
     for i in range(4):

@@ -104,7 +104,7 @@ def test_seeded_sampling_alone_and_in_mixed_batch():
         (dict(temperature=-0.5), "temperature"),
         (dict(top_p=0.0), "top_p"),
         (dict(top_p=1.5), "top_p"),
-        (dict(top_k=0), "top_k"),
+        (dict(top_k=-2), "top_k"),
         (dict(top_k=-3), "top_k"),
         (dict(n=0), "n"),
         (dict(bogus=1), "bogus"),

@@ -11,6 +11,7 @@ from concurrent.futures import Future
 import pytest
 
 from tandem import LLM, SamplingParams
+from tandem.sampling_params import RequestOutputKind
 from tandem.engine.async_llm import AsyncLLM
 from tandem.engine.llm import EngineDeadError
 from tandem.engine.prompts import Prompt
@@ -39,7 +40,8 @@ def _wait_idle(eng: AsyncLLM, timeout: float = 10.0) -> None:
 async def _collect(eng: AsyncLLM, prompts: list[str], sp: SamplingParams, rid: str) -> dict:
     texts: dict[int, str] = {}
     tokens: dict[int, list[int]] = {}
-    async for d in eng.generate([Prompt(p, None) for p in prompts], [sp] * len(prompts), rid):
+    deltas = [sp.clone(output_kind=RequestOutputKind.DELTA)] * len(prompts)
+    async for d in eng.generate([Prompt(p, None) for p in prompts], deltas, rid):
         texts[d.index] = texts.get(d.index, "") + d.text
         tokens.setdefault(d.index, []).extend(d.token_ids)
     return {"texts": texts, "tokens": tokens}

@@ -1,9 +1,9 @@
 """Continuous-batching scheduler. Pure Python, no torch.
 
 Each step maps request -> number of tokens under ``max_num_batched_tokens`` and ``max_num_seqs``; prefill
-chunks and decodes (with their drafts) mix freely. Running requests go first in arrival order, then the
-waiting queue FCFS. When blocks run out, the most recently admitted running request is preempted
-(recompute: its blocks are freed and it re-enters the head of the waiting queue).
+chunks (whole prompts with ``enable_chunked_prefill`` off) and decodes (with drafts) mix freely. Running
+requests go first in arrival order, then the waiting queue FCFS. When blocks run out, the most recently
+admitted running request is preempted (recompute: its blocks are freed; it re-enters the queue's head).
 
 Ledger writes (docs/SEMANTICS.md §2-3), all in this file:
 - schedule: ``C += n``; ``PH += 1 + drafts`` for a step that samples; ``spec_token_ids`` consumed;
@@ -23,13 +23,8 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from tandem.core.interface import (
-    CachedRequestData,
-    EngineCoreOutput,
-    ModelRunnerOutput,
-    NewRequestData,
-    SchedulerOutput,
-)
+from tandem.core.interface import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
+                                   SchedulerOutput)
 from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.limits import draft_slots
 from tandem.core.request import InFlightStep, InvariantError, Request, RequestStatus
@@ -52,6 +47,7 @@ class Scheduler:
         num_speculative_tokens: int = 0,
         num_lookahead_tokens: int = 0,
         kv_group_windows: tuple[int, ...] = (0,),
+        enable_chunked_prefill: bool = True,
     ) -> None:
         self.kv = KVCacheManager(num_kv_blocks, block_size, enable_prefix_caching, kv_group_windows,
                                  lookback=num_speculative_tokens + 1)
@@ -64,6 +60,7 @@ class Scheduler:
             )
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
         self.max_model_len = max_model_len
         self.num_spec_tokens = num_speculative_tokens
         self.num_lookahead_tokens = num_lookahead_tokens
@@ -170,8 +167,11 @@ class Scheduler:
             else:
                 hits, num_hit = [], 0
             n_new = min(req.num_tokens - num_hit, budget)
+            if not self.enable_chunked_prefill and n_new < req.num_tokens - num_hit:
+                break  # whole or not at all; FCFS
             # Alone, a request must still get going: a smaller chunk where the whole prompt does not fit.
-            n_new = self.kv.allocate_chunk(req, n_new, hits, self.num_lookahead_tokens, not self.running)
+            n_new = self.kv.allocate_chunk(req, n_new, hits, self.num_lookahead_tokens, not self.running
+                                           and self.enable_chunked_prefill)
             if not n_new:
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()

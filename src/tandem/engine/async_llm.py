@@ -18,6 +18,7 @@ and marks the engine dead; later requests are refused with ``EngineDeadError``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -35,7 +36,7 @@ from tandem.engine.prompts import Prompt
 from tandem.engine.requests import MadeRequest, RequestFactory
 from tandem.executor.base import ExecutorError
 from tandem.outputs import PromptLogprobs, SampleLogprobs
-from tandem.sampling_params import SamplingParams
+from tandem.sampling_params import RequestOutputKind, SamplingParams
 from tandem.trace.tracer import NULL_TRACER, Tracer
 
 logger = logging.getLogger("tandem.engine")
@@ -176,9 +177,27 @@ class AsyncLLM:
         params: Sequence[SamplingParams],
         request_id: str,
     ) -> AsyncIterator[RequestDelta]:
-        """``add_request`` and iterate its deltas until every sample finished."""
+        """``add_request`` and iterate its outputs until every sample finished, as the params'
+        ``output_kind`` (vLLM's) says: ``CUMULATIVE`` (the default) each choice's text, tokens and logprobs so
+        far; ``DELTA`` only what is new; ``FINAL_ONLY`` one output per choice, when it finishes."""
+        kinds = {sp.output_kind for sp in params}
+        if len(kinds) > 1:
+            raise ValueError("output_kind must be the same for every prompt of one generate call")
+        kind = kinds.pop() if kinds else RequestOutputKind.CUMULATIVE
+        so_far: dict[int, RequestDelta] = {}
         async for delta in self.add_request(prompts, params, request_id).deltas():
-            yield delta
+            if kind == RequestOutputKind.DELTA:
+                yield delta
+                continue
+            prev = so_far.get(delta.index)
+            if prev is not None:
+                logprobs = None if delta.logprobs is None else [*(prev.logprobs or []), *delta.logprobs]
+                delta = dataclasses.replace(delta, text=prev.text + delta.text,
+                                            token_ids=[*prev.token_ids, *delta.token_ids], logprobs=logprobs,
+                                            prompt_logprobs=delta.prompt_logprobs or prev.prompt_logprobs)
+            so_far[delta.index] = delta
+            if kind == RequestOutputKind.CUMULATIVE or delta.finish_reason is not None:
+                yield delta
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Thread-safe; applied by the engine thread at once, even while it waits for a step (a step queued

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from tandem import overrides
 from tandem.async_decision import (
@@ -21,6 +22,7 @@ from tandem.core.async_scheduler import AsyncScheduler
 from tandem.core.kv_cache_manager import kv_cache_groups, request_capacity
 from tandem.core.scheduler import Scheduler
 from tandem.engine.core import EngineCore
+from tandem.engine.generation_defaults import generation_defaults
 from tandem.execution import ExecutionPlan, resolve_execution
 from tandem.executor import get_executor_class
 from tandem.model.forward_batch import KVCache
@@ -51,6 +53,7 @@ class EnginePlan:
     weight_bytes: int | None = None  # resident weight bytes once loaded (None: not known without loading)
     kernels: dict[str, object] | None = None  # the kernel plan of block-quantized products
     execution: ExecutionPlan | None = None  # what computes a step (tandem/execution.py); None: not resolved
+    max_num_batched_tokens: int = 2048  # the step's token budget (SchedulerConfig's, resolved)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -72,6 +75,9 @@ class EnginePlan:
             "block_size": self.config.cache.block_size,
             "kv_cache_bytes": self.num_kv_blocks * self.bytes_per_block,
             "max_model_len": self.max_model_len,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "enable_chunked_prefill": self.config.scheduler.enable_chunked_prefill is not False,
+            "vllm_accepted": dict(self.config.vllm_accepted),
         }
 
 
@@ -124,7 +130,15 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
             config.speculative, resolve_model(config.model.model), args, config.cache.block_size,
             DTYPES[config.model.resolved_dtype()],
         )
-    num_blocks = config.cache.num_blocks_for(bpb)
+    quant, weight_bytes, kernels = _plan_weights(config)
+    if quant.int8_weights:
+        weight_bytes = int8_weight_bytes(args)
+    utilization_budget = None
+    if config.cache.gpu_memory_utilization is not None and config.cache.kv_cache_memory is None:
+        from tandem.engine.memory import utilization_kv_budget
+
+        utilization_budget = utilization_kv_budget(config.cache.gpu_memory_utilization, weight_bytes or 0)
+    num_blocks = config.cache.num_blocks_for(bpb, utilization_budget)
     k = config.speculative.num_speculative_tokens if config.speculative else 0
     capacity = request_capacity(num_blocks, config.cache.block_size, tuple(w for w, _ in groups), k + 1)
     model_len = args.max_position_embeddings
@@ -144,13 +158,29 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
         max_model_len = config.model.max_model_len
     else:
         max_model_len = min(model_len, capacity)
-    quant, weight_bytes, kernels = _plan_weights(config)
-    if quant.int8_weights:
-        weight_bytes = int8_weight_bytes(args)
     execution = resolve_execution(config.model.device)
     return EnginePlan(
-        config, args, decision, num_blocks, max_model_len, bpb, quant, weight_bytes, kernels, execution
+        config, args, decision, num_blocks, max_model_len, bpb, quant, weight_bytes, kernels, execution,
+        step_token_budget(config, max_model_len),
     )
+
+
+def step_token_budget(config: EngineConfig, max_model_len: int) -> int:
+    """``max_num_batched_tokens`` resolved (vLLM's rule): 2048 by default; with chunked prefill off a whole
+    prompt must fit in one step, so the default is ``max(2048, max_model_len)`` and a smaller explicit budget is
+    a ``ValueError``."""
+    given = config.scheduler.max_num_batched_tokens
+    if config.scheduler.enable_chunked_prefill is not False:
+        return given or 2048
+    if given is None:
+        return max(2048, max_model_len)
+    if given < max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens ({given}) is smaller than max_model_len ({max_model_len}) with "
+            "enable_chunked_prefill=False: a prompt could never be prefilled in one step; raise "
+            "max_num_batched_tokens, lower max_model_len, or enable chunked prefill"
+        )
+    return given
 
 
 def int8_weight_bytes(args: ModelArgs) -> int:
@@ -207,6 +237,8 @@ class Engine:
     tokenizer: Tokenizer
     tracer: Tracer
     checkpoint_sha256: str | None = None
+    # Requests' default sampling keywords (generation_config, override_generation_config)
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
 
 
 def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
@@ -217,6 +249,9 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
     # Weights are loaded where the runner lives (worker thread or process), never on the engine's
     # thread: torch's OpenMP team belongs to the thread that first runs a parallel op, and a second
     # team on the same cores made the forward 20-40 % slower here.
+    defaults = generation_defaults(config.model)  # a bad folder or override fails before any loading
+    if config.observability.log_level is not None:
+        logging.getLogger("tandem").setLevel(config.observability.log_level.upper())
     tokenizer = load_tokenizer(config.model.model)
     if config.model.chat_template is not None:  # the user's template wins over the model's
         from tandem.model.loader.chat_template import user_chat_template
@@ -259,7 +294,8 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
     scheduler_cls = AsyncScheduler if plan.decision.resolved else Scheduler
     scheduler = scheduler_cls(
         max_num_seqs=config.scheduler.max_num_seqs,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
+        enable_chunked_prefill=config.scheduler.enable_chunked_prefill is not False,
         max_model_len=plan.max_model_len,
         num_kv_blocks=plan.num_kv_blocks,
         block_size=config.cache.block_size,
@@ -275,4 +311,8 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         debug_invariants=config.observability.debug_invariants,
         tracer=tracer,
     )
-    return Engine(plan, core, tokenizer, tracer)
+    if config.observability.disable_log_stats is False:  # None: off (vLLM's LLM); the server turns it on
+        from tandem.engine.stats_logger import StatsLogger
+
+        core.stats_logger = StatsLogger()
+    return Engine(plan, core, tokenizer, tracer, generation_defaults=defaults)

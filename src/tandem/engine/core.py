@@ -22,6 +22,7 @@ from tandem.core.interface import EngineCoreOutput, ModelRunnerOutput, Scheduler
 from tandem.core.request import Request, RequestStatus
 from tandem.core.scheduler import Scheduler
 from tandem.executor.base import Executor, ExecutorError
+from tandem.engine.stats_logger import StatsLogger
 from tandem.trace.tracer import NULL_TRACER, Tracer
 
 logger = logging.getLogger("tandem.engine")
@@ -50,6 +51,7 @@ class EngineCore:
         # Called every WAIT_POLL_S while the loop waits for a step (AsyncLLM: apply aborts that arrived, so
         # a step still queued in the worker for an abandoned request is skipped, not computed).
         self.while_waiting: Callable[[], None] | None = None
+        self.stats_logger: StatsLogger | None = None  # disable_log_stats off: a line every few seconds
         self._queue: deque[tuple[SchedulerOutput, Future[ModelRunnerOutput]]] = deque()
         self.failed: BaseException | None = None
 
@@ -82,6 +84,8 @@ class EngineCore:
             self.scheduler.check_invariants()
             if not self._queue:
                 self.check_idle_invariants()
+        if self.stats_logger is not None:
+            self.stats_logger.maybe_log(self.scheduler)
         return outputs
 
     def _schedule(self) -> SchedulerOutput:

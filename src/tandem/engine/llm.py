@@ -69,6 +69,11 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: a new ``SamplingParams`` of the model's generation defaults (``generation_config``,
+        ``override_generation_config``), else vLLM's defaults; used when a call gives none."""
+        return SamplingParams(**self._engine.generation_defaults)
+
     def get_metrics(self) -> list[Metric]:
         return collect_metrics(self._engine)
 
@@ -95,7 +100,7 @@ class LLM:
     ) -> list[RequestOutput]:
         plist = normalize_prompts(prompts)
         if sampling_params is None:
-            params = [SamplingParams()] * len(plist)
+            params = [self.get_default_sampling_params()] * len(plist)
         elif isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(plist)
         else:
@@ -128,7 +133,7 @@ class LLM:
         self, prompt: PromptInput, sampling_params: SamplingParams | None = None
     ) -> Iterator[str]:
         """Yield text deltas of one request as the engine produces them."""
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         if params.n != 1:
             raise ValueError("generate_stream supports n=1 only")
         made = self._make_requests(normalize_prompts(prompt)[:1], [params])
@@ -152,7 +157,7 @@ class LLM:
     # -- step-level API (like vLLM's LLMEngine): add requests any time, step, read what changed --------
     def add_request(self, prompt: PromptInput, sampling_params: SamplingParams | None = None) -> str:
         """Validate and enqueue one request (n must be 1); returns its id. Drive it with :meth:`step`."""
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         if params.n != 1:
             raise ValueError("add_request supports n=1 only; use generate for n > 1")
         made = self._make_requests(normalize_prompts(prompt)[:1], [params])

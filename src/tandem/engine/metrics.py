@@ -19,6 +19,26 @@ class Metric:
     values: tuple[float, ...] = ()  # for vector metrics (per position)
 
 
+# vLLM's reader classes (``vllm.v1.metrics.reader``; here also ``tandem.v1.metrics.reader``): scripts test
+# ``isinstance(metric, Counter)`` and read ``.value`` / ``.values``.
+@dataclass(frozen=True)
+class Counter(Metric):
+    kind: str = "counter"
+
+
+@dataclass(frozen=True)
+class Gauge(Metric):
+    kind: str = "gauge"
+
+
+@dataclass(frozen=True)
+class Vector(Metric):
+    kind: str = "vector"
+
+
+_CLASSES = {"counter": Counter, "gauge": Gauge, "vector": Vector}
+
+
 def collect_metrics(engine: Engine) -> list[Metric]:
     sched = engine.core.scheduler
     c = sched.counters
@@ -69,4 +89,4 @@ def collect_metrics(engine: Engine) -> list[Metric]:
             },
         ),
     ]
-    return metrics
+    return [_CLASSES[m.kind](m.name, m.value, m.kind, m.labels, m.values) for m in metrics]

@@ -1,4 +1,5 @@
-"""Prompt inputs in vLLM's forms: a string, ``{"prompt": str}``, or ``{"prompt_token_ids": [...]}``."""
+"""Prompt inputs in vLLM's forms: a string, ``{"prompt": str}``, or ``{"prompt_token_ids": [...]}`` (vLLM's
+``multi_modal_data`` key taken when empty)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ def _one(p: Any) -> Prompt:
     if isinstance(p, str):
         return Prompt(p, None)
     if isinstance(p, dict):
-        unknown = sorted(set(p) - {"prompt", "prompt_token_ids", "add_special_tokens"})
+        unknown = sorted(set(p) - {"prompt", "prompt_token_ids", "add_special_tokens", "multi_modal_data"})
         if unknown:
             raise ValueError(f"unknown prompt field(s) {unknown}")
+        if p.get("multi_modal_data"):  # vLLM's key; None / empty (a text-only prompt) is fine
+            raise ValueError("multi_modal_data: images and other media are not supported (text-only models)")
         if "prompt_token_ids" in p:
             ids = p["prompt_token_ids"]
             if not isinstance(ids, (list, tuple)) or not all(

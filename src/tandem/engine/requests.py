@@ -34,6 +34,7 @@ class RequestFactory:
         self.vocab_size = engine.plan.args.vocab_size
         self.max_model_len = engine.plan.max_model_len
         self.num_kv_blocks = engine.plan.num_kv_blocks
+        self.max_logprobs = engine.plan.config.model.max_logprobs  # -1: the vocabulary
         self.eos_token_ids = engine.tokenizer.eos_token_ids | frozenset(
             engine.plan.args.eos_token_ids
         )
@@ -45,9 +46,12 @@ class RequestFactory:
         self._next_id += 1
         return rid
 
-    def prompt_ids(self, prompt: Prompt) -> list[int]:
-        """The prompt's token ids, checked against the vocabulary and the context length."""
+    def prompt_ids(self, prompt: Prompt, truncate: int | None = None) -> list[int]:
+        """The prompt's token ids (its last ``truncate`` ones; -1: the most that still leave room for one
+        output token), checked against the vocabulary and the context length."""
         ids = prompt.token_ids(self.tokenizer)
+        if truncate is not None:
+            ids = ids[-(self.max_model_len - 1 if truncate == -1 else truncate):]
         if not ids:
             raise ValueError("prompt is empty")
         if any(not 0 <= t < self.vocab_size for t in ids):
@@ -73,10 +77,11 @@ class RequestFactory:
         if parent_ids is not None and len(parent_ids) != len(prompts):
             raise ValueError(f"got {len(parent_ids)} request ids for {len(prompts)} prompts")
         checked = []
+        params = [self._own_copy(sp) for sp in params]
         for prompt, sp in zip(prompts, params):
             sp.check_vocab(self.vocab_size)
             check_structured_outputs(sp.structured_outputs)  # a bad schema / regex / EBNF: 400
-            checked.append(self.prompt_ids(prompt))
+            checked.append(self.prompt_ids(prompt, sp.truncate_prompt_tokens))
         made = []
         for j, (prompt, sp, ids) in enumerate(zip(prompts, params, checked)):
             parent = parent_ids[j] if parent_ids is not None else self.next_id()
@@ -97,3 +102,20 @@ class RequestFactory:
                 )
                 made.append(MadeRequest(req, prompt, i, parent))
         return made
+
+    def _own_copy(self, sp: SamplingParams) -> SamplingParams:
+        """The engine's copy of ``sp`` (the caller may change its object later), with -1 logprobs as the
+        vocabulary's size; more logprobs than ``max_logprobs`` is a ``ValueError`` naming the field."""
+        fixes = {}
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(sp, name)
+            if value is None:
+                continue
+            limit = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
+            wanted = self.vocab_size if value == -1 else value
+            if wanted > limit:
+                raise ValueError(f"{name}={value} is more than the engine's max_logprobs ({self.max_logprobs}); "
+                                 "raise max_logprobs")
+            if value == -1:
+                fixes[name] = wanted
+        return sp.clone(**fixes)

@@ -48,6 +48,7 @@ def engine_view(plan: EnginePlan) -> LLMEngineView:
     )
     scheduler = SimpleNamespace(
         async_scheduling=plan.decision.resolved, max_num_seqs=c.scheduler.max_num_seqs,
-        max_num_batched_tokens=c.scheduler.max_num_batched_tokens, max_model_len=plan.max_model_len,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
+        enable_chunked_prefill=c.scheduler.enable_chunked_prefill is not False, max_model_len=plan.max_model_len,
     )
     return LLMEngineView(VllmConfigView(model, cache, parallel, scheduler, c.speculative))

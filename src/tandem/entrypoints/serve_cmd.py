@@ -65,7 +65,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         print(f"tandem serve: cannot listen on {ns.host}:{ns.port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
-        engine = AsyncLLM(model, **engine_kwargs(ns))
+        engine = AsyncLLM(model, **{"disable_log_stats": False, **engine_kwargs(ns)})  # vLLM's server default
     except BaseException:
         sock.close()
         raise
@@ -102,12 +102,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on; default 127.0.0.1")
     g.add_argument("--port", type=int, default=8000, help="0: any free port (printed on start); default 8000")
-    g.add_argument(
-        "--served-model-name",
-        nargs="+",
-        default=None,
-        help="name(s) clients use in 'model' (default: the --model value)",
-    )
     g.add_argument(
         "--api-key",
         default=None,

@@ -90,7 +90,8 @@ async def create_chat_completion(
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
-    prepared = prepare(ctx, req, [_render(ctx, req)], max_tokens, logprobs, "messages")
+    prepared = prepare(ctx, req, [_render(ctx, req)], max_tokens, logprobs, "messages",
+                       logprobs_param="top_logprobs")
     rid, created = new_id("chatcmpl"), int(time.time())  # the response's "created": this request's arrival
     stream = start(ctx, prepared, rid)
     if req.stream:

@@ -65,6 +65,7 @@ def prepare(
     logprobs: int | None,
     prompt_param: str,
     prompt_logprobs: int | None = None,
+    logprobs_param: str = "logprobs",
 ) -> Prepared:
     """Tokenize, check lengths and build each prompt's ``SamplingParams``; any problem is a 400.
 
@@ -73,8 +74,9 @@ def prepare(
     """
     if len(prompts) * req.n > MAX_CHOICES:
         raise APIError(f"at most {MAX_CHOICES} choices (prompts x n) per request", 400, "n")
-    try:
-        kw = req.sampling_kwargs()
+    try:  # what the request leaves out: the model's generation defaults (max_tokens: below)
+        defaults = {k: v for k, v in ctx.engine.engine.generation_defaults.items() if k != "max_tokens"}
+        kw = {**defaults, **req.sampling_kwargs()}
     except ValueError as exc:  # logit_bias keys, or conflicting structured-output fields
         raise bad_value(exc, "logit_bias") from exc
     kw["logprobs"] = logprobs
@@ -84,6 +86,10 @@ def prepare(
         SamplingParams(**kw)  # range errors name their field before any tokenizing
     except ValueError as exc:
         raise bad_value(exc) from exc
+    limit = ctx.engine.factory.max_logprobs
+    for value, name in ((logprobs, logprobs_param), (prompt_logprobs, "prompt_logprobs")):
+        if value is not None and limit != -1 and value > limit:
+            raise APIError(f"{name}={value} is more than the server's max_logprobs ({limit})", 400, name)
     factory = ctx.engine.factory
     limit = factory.max_model_len
     out_prompts, out_params = [], []

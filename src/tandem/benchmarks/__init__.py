@@ -1,0 +1,1 @@
+"""vLLM's ``vllm.benchmarks`` module paths that scripts import (``datasets``)."""
