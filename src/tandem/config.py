@@ -61,6 +61,9 @@ class ModelConfig:
     chat_template: str | None = flag(
         None, "a Jinja chat template (a file's path, or the template itself) in place of the model's"
     )
+    # vLLM's; None: the model's own
+    tokenizer: str | None = flag(None, "the tokenizer: a .gguf file, a directory with tokenizer.json or a model "
+                                       "name; default the model's own")
     max_logprobs: int = flag(20, "the most logprobs / prompt_logprobs a request may ask for; -1: the vocabulary")
     # vLLM's: where requests' default sampling parameters come from (engine/generation_defaults.py)
     generation_config: str = flag(
@@ -83,6 +86,8 @@ class ModelConfig:
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
+            raise ValueError(f"tokenizer must be a non-empty string, got {self.tokenizer!r}")
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
             raise ValueError(f"chat_template must be a non-empty string, got {self.chat_template!r}")
         _positive("max_model_len", self.max_model_len, allow_none=True)
@@ -97,6 +102,10 @@ class ModelConfig:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+    @property
+    def tokenizer_source(self) -> str:
+        return self.tokenizer or self.model
 
     def resolved_dtype(self) -> str:
         if self.dtype != "auto":

@@ -77,6 +77,7 @@ ANSWERS: dict[str, Answer] = {
         "tensor_parallel_size", "block_size", "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",
         "quantization", "speculative_config", "async_scheduling", "gpu_memory_utilization", "max_logprobs",
         "enable_chunked_prefill", "disable_log_stats", "generation_config", "override_generation_config",
+        "tokenizer",
     )},
     "model": _flag("the model: a name tandem knows, a .gguf file or an HF directory"),
     # -- vLLM's meaning under another tandem name ------------------------------------------------------------
@@ -87,8 +88,6 @@ ANSWERS: dict[str, Answer] = {
     "spec_model": _to("speculative_config's model (vLLM's shorthand)", _spec_shorthand("model")),
     "spec_tokens": _to("speculative_config's num_speculative_tokens (vLLM's shorthand)",
                        _spec_shorthand("num_speculative_tokens")),
-    "tokenizer": _default_only("tandem reads the tokenizer from the model's own file or directory; only that "
-                               "one (or None) is taken"),
     "log_level": _flag("the level of tandem's loggers"),
     # -- accepted: nothing to do on this engine, recorded ------------------------------------------------------
     **{n: _accepted(_NO_GPU) for n in (

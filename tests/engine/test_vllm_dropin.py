@@ -80,7 +80,8 @@ def test_generation_config_gives_the_defaults(target: Path, tmp_path: Path) -> N
 
 
 def test_max_logprobs_truncation_and_metric_classes(target: Path) -> None:
-    llm = LLM(str(target), max_logprobs=2, generation_config="vllm", **KW)
+    llm = LLM(str(target), max_logprobs=2, generation_config="vllm", tokenizer=str(target), **KW)
+    assert llm.engine.plan.config.model.tokenizer_source == str(target)
     with pytest.raises(ValueError, match=r"logprobs=3 is more than the engine's max_logprobs \(2\)"):
         llm.generate("hi", SamplingParams(logprobs=3), use_tqdm=False)
     with pytest.raises(ValueError, match="prompt_logprobs=-1 is more than"):

@@ -87,8 +87,11 @@ def test_start_up_line_and_a_used_port(server: RemoteServer) -> None:
     assert "speculative=none executor=uni" in log
     host, port = server.host_port
     t = time.monotonic()
+    # vLLM's module entry point, positional model and flag spellings (vllm serve's): parsed, then the port
     done = subprocess.run(
-        [sys.executable, "-m", "tandem.entrypoints.cli", "serve", "--host", host, "--port", str(port)],
+        [sys.executable, "-m", "tandem.entrypoints.openai.api_server", "smollm2-135m-instruct", "--host", host,
+         "--port", str(port), "--gpu-memory-utilization", "0.5", "--enforce-eager", "--max_model_len=1024",
+         "--served-model-name", "m"],
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2 and time.monotonic() - t < 10

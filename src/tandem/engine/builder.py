@@ -252,7 +252,7 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
     defaults = generation_defaults(config.model)  # a bad folder or override fails before any loading
     if config.observability.log_level is not None:
         logging.getLogger("tandem").setLevel(config.observability.log_level.upper())
-    tokenizer = load_tokenizer(config.model.model)
+    tokenizer = load_tokenizer(config.model.tokenizer_source)
     if config.model.chat_template is not None:  # the user's template wins over the model's
         from tandem.model.loader.chat_template import user_chat_template
 

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from tandem.utils.argparse_utils import FlexibleArgumentParser
 from tandem.entrypoints.engine_args import add_engine_args, engine_kwargs
 
 
@@ -130,7 +131,7 @@ def cmd_config(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
+    parser = FlexibleArgumentParser(prog="tandem", description=__doc__)  # also --flag_name
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -93,6 +93,6 @@ def build_runner(
         tracer=tracer,
         # Grammars and bad words need the tokenizer on the worker; it is loaded on first use.
         structured=StructuredOutputManager(
-            functools.partial(load_tokenizer, cfg.model.model), args.vocab_size, spec.eos_token_ids
+            functools.partial(load_tokenizer, cfg.model.tokenizer_source), args.vocab_size, spec.eos_token_ids
         ),
     )
