@@ -43,7 +43,7 @@ _INVALID_ANY = [
     ("temperature", "hot"),
     ("top_p", 0.0),
     ("top_p", 1.5),
-    ("top_k", 0),
+    ("top_k", -2),  # 0 is vLLM's "off", as -1
     ("top_k", -7),
     ("min_p", 2.0),
     ("n", 0),
