@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from tandem import LLM, SamplingParams
 from tandem.config import ModelConfig, engine_config
@@ -149,3 +150,12 @@ def test_async_output_kinds(target: Path) -> None:
     assert [len(d.token_ids) for d in cumulative] == sorted(len(d.token_ids) for d in cumulative)
     assert cumulative[-1].text == "".join(d.text for d in deltas) == final[0].text
     eng.shutdown()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_memory_utilization_on_cuda_is_a_fraction_of_the_device(target: Path) -> None:
+    free, total = torch.cuda.mem_get_info()
+    plan = plan_engine(engine_config(str(target), device="cuda", gpu_memory_utilization=0.05, max_num_seqs=2))
+    kv = plan.num_kv_blocks * plan.bytes_per_block
+    assert 0 < kv <= 0.05 * total - (total - free)

@@ -137,7 +137,8 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
     if config.cache.gpu_memory_utilization is not None and config.cache.kv_cache_memory is None:
         from tandem.engine.memory import utilization_kv_budget
 
-        utilization_budget = utilization_kv_budget(config.cache.gpu_memory_utilization, weight_bytes or 0)
+        utilization_budget = utilization_kv_budget(config.cache.gpu_memory_utilization, weight_bytes or 0,
+                                                   config.model.device)
     num_blocks = config.cache.num_blocks_for(bpb, utilization_budget)
     k = config.speculative.num_speculative_tokens if config.speculative else 0
     capacity = request_capacity(num_blocks, config.cache.block_size, tuple(w for w, _ in groups), k + 1)

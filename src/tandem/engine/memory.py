@@ -1,8 +1,9 @@
-"""The KV budget of ``gpu_memory_utilization`` on a machine without a GPU: vLLM's CPU backend's meaning.
+"""The KV budget of ``gpu_memory_utilization``, vLLM's meaning on each device.
 
-The engine may hold ``gpu_memory_utilization`` of the machine's memory; the KV cache gets what is left of it
-after what the process already holds and the weights it is about to load. A budget larger than the memory
-available now is refused (the fraction is too high for what other processes use), as vLLM's CPU worker does.
+CPU (vLLM's CPU backend): the engine may hold that fraction of the machine's memory; the KV cache gets what is
+left after what the process already holds and the weights it is about to load. A fraction larger than the
+memory available now is refused (too high for what other processes use), as vLLM's CPU worker does.
+CUDA: that fraction of the device's memory, less what is already in use on it and the weights to load.
 """
 
 from __future__ import annotations
@@ -24,10 +25,25 @@ def _resident_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def utilization_kv_budget(fraction: float, weight_bytes: int) -> int:
+def _cuda_kv_budget(fraction: float, weight_bytes: int, device: str) -> int:
+    import torch
+
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    budget = int(total * fraction) - (total - free) - weight_bytes
+    if budget <= 0:
+        raise ValueError(
+            f"gpu_memory_utilization={fraction} ({total * fraction / 2**30:.2f} GiB of {device}) leaves nothing "
+            f"for the KV cache after what is in use ({(total - free) / 2**30:.2f} GiB) and the weights; raise it"
+        )
+    return budget
+
+
+def utilization_kv_budget(fraction: float, weight_bytes: int, device: str = "cpu") -> int:
     """Bytes for the KV cache: ``fraction`` of the machine's memory less this process's resident bytes and
     the weights still to load (``weight_bytes``). ``ValueError`` naming ``gpu_memory_utilization`` when
     nothing is left or the whole does not fit in the memory available now."""
+    if device.startswith("cuda"):
+        return _cuda_kv_budget(fraction, weight_bytes, device)
     info = _meminfo()
     total, available = info["MemTotal"], info.get("MemAvailable", info["MemFree"])
     wanted = int(total * fraction)

@@ -75,11 +75,12 @@ def add_engine_args(p: argparse.ArgumentParser | Any) -> Any:
         g.add_argument(*names, **kw)
     v = g if g is p else p.add_argument_group(
         "vLLM engine arguments", "vLLM's other engine arguments, answered: docs/VLLM_ARGS.md")
+    defaults = {a["name"]: a.get("default", a.get("default_expr")) for a in vllm_args.vllm_args()}
     for name, annotation in vllm_only_args():
         answer = vllm_args.ANSWERS[name]
         kind = {"default_only": "taken at vLLM's default only", "accepted": "accepted"}.get(answer.kind, "honoured")
-        v.add_argument("--" + name.replace("_", "-"), help=f"vLLM's; {kind}: {answer.meaning}",
-                       **_vllm_option(name, annotation))
+        text = f"vLLM's; {kind}: {answer.meaning}; vLLM's default {defaults.get(name)!r}"
+        v.add_argument("--" + name.replace("_", "-"), help=text.replace("%", "%%"), **_vllm_option(name, annotation))
     return p
 
 
