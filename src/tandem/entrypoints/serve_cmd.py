@@ -58,6 +58,9 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
     model = ns.model_tag or ns.model
     api_key = ns.api_key or overrides.api_key() or None
+    if ns.enable_auto_tool_choice != (ns.tool_call_parser is not None):
+        print("tandem serve: --enable-auto-tool-choice and --tool-call-parser go together", file=sys.stderr)
+        return 2
     # The port first: a second server on a used port says so in one line, before loading any weights.
     try:
         sock = _bind(ns.host, ns.port)
@@ -70,7 +73,10 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         sock.close()
         raise
     try:
-        app = build_app(engine, ns.served_model_name, api_key)
+        from tandem.entrypoints.openai.tool_parsers import get_tool_parser
+
+        parser = get_tool_parser(ns.tool_call_parser) if ns.tool_call_parser else None
+        app = build_app(engine, ns.served_model_name, api_key, parser)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"{READY_PREFIX}http://{shown}:{port}", flush=True)
@@ -114,5 +120,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="the HTTP server's log level; default info",
     )
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no line per request in the log")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='tool_choice "auto" (the default with tools): parse calls out of the text; needs '
+                        "--tool-call-parser; default off")
+    g.add_argument("--tool-call-parser", choices=["hermes", "json"], default=None,
+                   help="hermes: <tool_call>{...}</tool_call> blocks; json: the output is the call; default none")
     g.add_argument("--trace", default=None, help="write a Chrome trace of the session on shutdown")
     p.set_defaults(func=cmd_serve)

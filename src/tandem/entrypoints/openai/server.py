@@ -27,6 +27,7 @@ from tandem.entrypoints.openai.protocol import (
     TokenizeRequest,
 )
 from tandem.entrypoints.openai.serving_chat import create_chat_completion
+from tandem.entrypoints.openai.tool_parsers import ToolParser
 from tandem.entrypoints.openai.serving_common import ServerContext
 from tandem.entrypoints.openai.serving_completions import create_completion
 from tandem.entrypoints.openai.serving_tokens import detokenize, tokenize
@@ -65,9 +66,10 @@ def build_app(
     engine: AsyncLLM,
     served_model_names: list[str] | None = None,
     api_key: str | None = None,
+    tool_parser: ToolParser | None = None,
 ) -> FastAPI:
     model_path = engine.config.model.model
-    ctx = ServerContext(engine, served_model_names or [model_path], model_path)
+    ctx = ServerContext(engine, served_model_names or [model_path], model_path, tool_parser=tool_parser)
     metrics = ServerMetrics(engine, ctx.model_name)
     app = FastAPI(title="tandem", version=tandem.__version__)
     app.state.ctx = ctx

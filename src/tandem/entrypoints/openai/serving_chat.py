@@ -1,4 +1,5 @@
-"""``POST /v1/chat/completions``: messages through the model's chat template, streamed or whole."""
+"""``POST /v1/chat/completions``: messages through the model's chat template, streamed or whole; tool calls
+(tools.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tandem.engine.async_llm import RequestDelta, RequestStream
 from tandem.engine.prompts import Prompt
 from tandem.entrypoints.openai.errors import APIError
 from tandem.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from tandem.entrypoints.openai.tools import ToolPlan, extract_calls, plan_tools, streamable, template_messages
 from tandem.entrypoints.openai.serving_common import (
     SSE_DONE,
     Prepared,
@@ -31,20 +33,23 @@ from tandem.entrypoints.openai.serving_common import (
 
 
 def render_messages(
-    ctx: ServerContext, messages: list[ChatMessage], add_generation_prompt: bool, kwargs: dict[str, Any] | None
+    ctx: ServerContext, messages: list[ChatMessage], add_generation_prompt: bool, kwargs: dict[str, Any] | None,
+    plan: ToolPlan | None = None,
 ) -> str:
-    """The chat template over ``messages``; a template that raises on them is the caller's input error."""
-    plain = [{"role": m.role, "content": m.text()} for m in messages]
+    """The chat template over ``messages`` (and the plan's tools); a template that raises on them is the
+    caller's input error."""
+    template = ctx.engine.tokenizer.chat_template
+    plain, extra = template_messages(messages, plan, getattr(template, "source", "") or "")
     try:
         return ctx.engine.tokenizer.apply_chat_template(
-            plain, add_generation_prompt=add_generation_prompt, **(kwargs or {})
+            plain, add_generation_prompt=add_generation_prompt, **{**(kwargs or {}), **extra}
         )
     except Exception as exc:
         raise APIError(f"cannot apply the chat template: {exc}", 400, "messages") from exc
 
 
-def _render(ctx: ServerContext, req: ChatCompletionRequest) -> Prompt:
-    text = render_messages(ctx, req.messages, req.add_generation_prompt, req.chat_template_kwargs)
+def _render(ctx: ServerContext, req: ChatCompletionRequest, plan: ToolPlan) -> Prompt:
+    text = render_messages(ctx, req.messages, req.add_generation_prompt, req.chat_template_kwargs, plan)
     # The template already holds the special tokens (BOS, role markers): add none on top.
     return Prompt(text, None, add_special_tokens=False)
 
@@ -90,24 +95,26 @@ async def create_chat_completion(
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
-    prepared = prepare(ctx, req, [_render(ctx, req)], max_tokens, logprobs, "messages",
-                       logprobs_param="top_logprobs")
+    plan = plan_tools(req, ctx.tool_parser)
+    prepared = prepare(ctx, req, [_render(ctx, req, plan)], max_tokens, logprobs, "messages",
+                       logprobs_param="top_logprobs", structured=plan.structured)
     rid, created = new_id("chatcmpl"), int(time.time())  # the response's "created": this request's arrival
     stream = start(ctx, prepared, rid)
     if req.stream:
-        body = guarded(stream, _stream(ctx, req, prepared, stream, rid, created, model))
+        body = guarded(stream, _stream(ctx, req, plan, prepared, stream, rid, created, model))
         return StreamingResponse(
             body, media_type="text/event-stream", background=BackgroundTask(stream.close)
         )
     deltas = await collect(raw, stream)
     if deltas is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(_full(ctx, req, prepared, deltas, rid, created, model))
+    return JSONResponse(_full(ctx, req, plan, prepared, deltas, rid, created, model))
 
 
 def _full(
     ctx: ServerContext,
     req: ChatCompletionRequest,
+    plan: ToolPlan,
     prepared: Prepared,
     deltas: list[RequestDelta],
     rid: str,
@@ -127,12 +134,18 @@ def _full(
     choices = []
     for i in range(req.n):
         last = final[i]
+        message: dict[str, Any] = {"role": "assistant", "content": texts[i]}
+        reason = last.finish_reason if last else None
+        if plan.active:
+            content, calls = extract_calls(plan, texts[i])
+            message = {"role": "assistant", "content": content, "tool_calls": calls}
+            reason = "tool_calls" if calls else reason
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": texts[i]},
+                "message": message,
                 "logprobs": {"content": contents[i]} if req.logprobs else None,
-                "finish_reason": last.finish_reason if last else None,
+                "finish_reason": reason,
                 "stop_reason": last.stop_reason if last else None,
             }
         )
@@ -150,6 +163,7 @@ def _full(
 async def _stream(
     ctx: ServerContext,
     req: ChatCompletionRequest,
+    plan: ToolPlan,
     prepared: Prepared,
     stream: RequestStream,
     rid: str,
@@ -176,20 +190,34 @@ async def _stream(
                 "finish_reason": None,
             }
         )
+    texts, sent = [""] * req.n, [0] * req.n  # tools: the output so far, and how much of it went as content
     async for d in stream.deltas():
         check_delta(d)
         produced[d.index] = d.num_output_tokens
-        if not d.text and d.finish_reason is None and not req.logprobs:
-            continue  # text held back (a possible stop string): nothing to send yet
+        delta: dict[str, Any] = {"content": d.text} if d.text else {}
+        reason = d.finish_reason
+        if plan.active:  # text that may become a call is held back until the choice ends
+            texts[d.index] += d.text
+            upto = streamable(plan, texts[d.index]) if reason is None else len(texts[d.index])
+            new, sent[d.index] = texts[d.index][sent[d.index]:upto], max(sent[d.index], upto)
+            delta = {"content": new} if new else {}
+            if reason is not None:
+                content, calls = extract_calls(plan, new)
+                delta = {"content": content} if content else {}
+                if calls:
+                    delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(calls)]
+                    reason = "tool_calls"
+        if not delta and reason is None and not req.logprobs:
+            continue  # text held back (a possible stop string, a possible call): nothing to send yet
         choice: dict[str, Any] = {
             "index": d.index,
-            "delta": {"content": d.text} if d.text else {},
+            "delta": delta,
             "logprobs": (
                 {"content": _logprobs_content(ctx, d, req.top_logprobs or 0)}
                 if req.logprobs
                 else None
             ),
-            "finish_reason": d.finish_reason,
+            "finish_reason": reason,
         }
         if d.finish_reason is not None:
             choice["stop_reason"] = d.stop_reason

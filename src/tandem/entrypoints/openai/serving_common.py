@@ -19,6 +19,7 @@ from tandem.engine.async_llm import AsyncLLM, RequestDelta, RequestStream
 from tandem.engine.prompts import Prompt
 from tandem.entrypoints.openai.errors import APIError, bad_value
 from tandem.entrypoints.openai.protocol import MAX_CHOICES, _SamplingRequest
+from tandem.entrypoints.openai.tool_parsers import ToolParser
 from tandem.sampling_params import SamplingParams
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf; what OpenAI-compatible servers send instead
@@ -30,6 +31,7 @@ class ServerContext:
     served_model_names: list[str]
     model_path: str
     created: int = field(default_factory=lambda: int(time.time()))  # the server's start: /v1/models
+    tool_parser: ToolParser | None = None  # --enable-auto-tool-choice --tool-call-parser NAME
 
     @property
     def model_name(self) -> str:
@@ -66,6 +68,7 @@ def prepare(
     prompt_param: str,
     prompt_logprobs: int | None = None,
     logprobs_param: str = "logprobs",
+    structured: dict[str, Any] | None = None,
 ) -> Prepared:
     """Tokenize, check lengths and build each prompt's ``SamplingParams``; any problem is a 400.
 
@@ -77,6 +80,8 @@ def prepare(
     try:  # what the request leaves out: the model's generation defaults (max_tokens: below)
         defaults = {k: v for k, v in ctx.engine.engine.generation_defaults.items() if k != "max_tokens"}
         kw = {**defaults, **req.sampling_kwargs()}
+        if structured is not None:  # tool_choice "required" / a named function (tools.py)
+            kw["structured_outputs"] = structured
     except ValueError as exc:  # logit_bias keys, or conflicting structured-output fields
         raise bad_value(exc, "logit_bias") from exc
     kw["logprobs"] = logprobs
