@@ -120,6 +120,8 @@ ANSWERS: dict[str, Answer] = {
     "aggregate_engine_logging": _accepted("tandem runs one engine core; recorded"),
     "show_hidden_metrics_for_version": _accepted("tandem hides no metrics; recorded"),
     "renderer_num_workers": _accepted("prompts are rendered on the front end's thread; recorded"),
+    "shutdown_timeout": _accepted("tandem serve: seconds running requests go on after SIGTERM before each ends "
+                                  "with an error event (streams) or a 503; LLM: recorded"),
     # -- at vLLM's default only ---------------------------------------------------------------------------
     "revision": _default_only(_LOCAL),
     "code_revision": _default_only(_LOCAL),
@@ -183,7 +185,6 @@ ANSWERS: dict[str, Answer] = {
     "return_sampling_mask": _default_only("outputs carry tokens, text and logprobs"),
     "enable_prompt_embeds": _default_only("prompts are text or token ids"),
     "tokens_only": _default_only("tandem detokenizes every output"),
-    "shutdown_timeout": _default_only("shutdown aborts requests in flight at once"),
     "weight_transfer_config": _default_only("weights are loaded once from the checkpoint"),
     "fail_on_environ_validation": _default_only("tandem reads only its TANDEM_* overrides"),
     "enable_fault_tolerance": _default_only("a failed worker fails its requests and the engine (EngineDeadError)"),

@@ -50,6 +50,12 @@ def _stream_completion(client: openai.OpenAI, **kw) -> tuple[dict[int, str], dic
 def test_models_health_version(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert server.get("/health")[0] == 200
+    host, port = server.host_port
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.request("GET", "/v1/models", headers={"Origin": "https://app.example"})
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status == 200 and resp.getheader("access-control-allow-origin") is None  # CORS: off by default
     status, body = server.get("/version")
     assert status == 200 and json.loads(body)["version"]
 

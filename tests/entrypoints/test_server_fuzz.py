@@ -94,6 +94,10 @@ INVALID = {
         + [
             ("top_logprobs", 30),
             ("logprobs", 3),
+            ("tools", [{"type": "function"}]),
+            ("tools", {"name": "f"}),
+            ("tool_choice", "sometimes"),
+            ("tool_choice", {"type": "function", "function": {"name": "nope"}}),
             ("messages", []),
             ("messages", "hi"),
             ("messages", [{"role": "robot", "content": "hi"}]),

@@ -5,6 +5,7 @@ prompt scoring (``echo``, ``max_tokens: 0``, ``prompt_logprobs``) checked agains
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from tests.entrypoints.remote import RemoteServer, launch
 pytestmark = pytest.mark.slow
 
 MODEL = "tandem-test"
-FLAGS = ("--max-num-seqs", "4", "--max-model-len", "512", "--num-kv-blocks", "128", "--served-model-name", MODEL)
+FLAGS = ("--max-num-seqs", "4", "--max-model-len", "512", "--num-kv-blocks", "128", "--served-model-name", MODEL,
+         "--allowed-origins", '["https://app.example"]')
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +71,21 @@ def test_model_card_health_ping(server: RemoteServer) -> None:
     assert _call(server, "/v1/models/nope")[0] == 404
     assert _call(server, "/health", method="HEAD")[0] == 200
     assert _call(server, "/ping")[0] == 200 and _call(server, "/ping", {}, method="POST")[0] == 200
+
+
+def test_cors_answers_the_allowed_origin_only(server: RemoteServer) -> None:
+    host, port = server.host_port
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    for origin, allowed in (("https://app.example", True), ("https://other.example", False)):
+        conn.request("OPTIONS", "/v1/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+        resp = conn.getresponse()
+        resp.read()
+        assert (resp.getheader("access-control-allow-origin") == origin) is allowed
+        conn.request("GET", "/v1/models", headers={"Origin": origin})
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 200 and (resp.getheader("access-control-allow-origin") == origin) is allowed
 
 
 def test_each_response_has_its_own_created(server: RemoteServer) -> None:

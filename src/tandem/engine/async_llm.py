@@ -101,6 +101,11 @@ class RequestStream:
         finally:
             self.close()
 
+    def interrupt(self, exc: BaseException) -> None:
+        """End ``deltas`` with ``exc`` (the server's shutdown); the samples are then aborted by ``close``."""
+        if self.live:
+            self._stream.put(exc)
+
     def close(self) -> None:
         if not self.live:
             return
@@ -327,11 +332,14 @@ class AsyncLLM:
         for stream, deltas in batches.values():
             stream.put(deltas)
 
-    def _die(self, message: str) -> None:
+    def _die(self, message: str, shutting_down: bool = False) -> None:
         """Fail every request still waiting for output; refuse new ones."""
         with self._cond:
             self.dead = message
-        logger.error("engine is dead: %s", message)
+        if shutting_down:
+            logger.info("engine shut down with %d request(s) open", len(self._streams))
+        else:
+            logger.error("engine is dead: %s", message)
         for stream in {id(s): s for s in self._streams.values()}.values():
             stream.put(EngineDeadError(f"the engine failed: {message}"))
         self._streams.clear()
@@ -344,7 +352,7 @@ class AsyncLLM:
             self._cond.notify()
         self._thread.join(timeout)
         if self._streams:
-            self._die("the engine was shut down")
+            self._die("the engine was shut down", shutting_down=True)
         self.engine.core.shutdown()
         path = self.config.observability.trace_file
         if path and self.engine.tracer.enabled:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hmac
 import json
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -67,6 +69,7 @@ def build_app(
     served_model_names: list[str] | None = None,
     api_key: str | None = None,
     tool_parser: ToolParser | None = None,
+    cors: dict[str, Any] | None = None,
 ) -> FastAPI:
     model_path = engine.config.model.model
     ctx = ServerContext(engine, served_model_names or [model_path], model_path, tool_parser=tool_parser)
@@ -77,6 +80,8 @@ def build_app(
     install_error_handlers(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if cors is not None:  # vLLM's --allowed-origins & co.; off unless origins are given. Added last: outermost,
+        app.add_middleware(CORSMiddleware, **cors)  # so a browser's preflight is answered before the key check
 
     def alive() -> None:
         if not engine.healthy:

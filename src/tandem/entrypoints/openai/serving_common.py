@@ -9,6 +9,7 @@ import json
 import math
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,15 @@ class ServerContext:
     model_path: str
     created: int = field(default_factory=lambda: int(time.time()))  # the server's start: /v1/models
     tool_parser: ToolParser | None = None  # --enable-auto-tool-choice --tool-call-parser NAME
+    open_streams: weakref.WeakSet[RequestStream] = field(default_factory=weakref.WeakSet)
+
+    def end_open_requests(self, message: str) -> int:
+        """Shutdown: every request still producing ends now — a stream with an error event and ``[DONE]``, a
+        non-streamed request with a 503 — and its samples are aborted. Returns how many were ended."""
+        live = [s for s in list(self.open_streams) if s.live]
+        for s in live:
+            s.interrupt(APIError(message, 503))
+        return len(live)
 
     @property
     def model_name(self) -> str:
@@ -125,9 +135,11 @@ def prepare(
 
 def start(ctx: ServerContext, prepared: Prepared, request_id: str) -> RequestStream:
     try:
-        return ctx.engine.add_request(prepared.prompts, prepared.params, request_id)
+        stream = ctx.engine.add_request(prepared.prompts, prepared.params, request_id)
     except ValueError as exc:
         raise bad_value(exc) from exc
+    ctx.open_streams.add(stream)
+    return stream
 
 
 def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict[str, int]:
