@@ -73,6 +73,18 @@ def test_model_card_health_ping(server: RemoteServer) -> None:
     assert _call(server, "/ping")[0] == 200 and _call(server, "/ping", {}, method="POST")[0] == 200
 
 
+def test_openapi_documents_what_the_server_answers(server: RemoteServer) -> None:
+    status, raw = server.get("/openapi.json")
+    spec = json.loads(raw)
+    assert status == 200 and "422" not in json.dumps(spec["paths"])
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        responses = spec["paths"][path]["post"]["responses"]
+        assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    assert list(spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    status, err = _call(server, "/v1/completions", {"prompt": 5})  # a validation error: the documented shape
+    assert status == 400 and set(err["error"]) == {"message", "type", "param", "code"}
+
+
 def test_cors_answers_the_allowed_origin_only(server: RemoteServer) -> None:
     host, port = server.host_port
     conn = http.client.HTTPConnection(host, port, timeout=10)

@@ -22,6 +22,7 @@ import tandem
 from tandem.engine.async_llm import AsyncLLM
 from tandem.engine.llm import EngineDeadError
 from tandem.entrypoints.openai.errors import APIError, error_body, install_error_handlers
+from tandem.entrypoints.openai.openapi import install_openapi
 from tandem.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -78,6 +79,7 @@ def build_app(
     app.state.ctx = ctx
     app.state.metrics = metrics
     install_error_handlers(app)
+    install_openapi(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     if cors is not None:  # vLLM's --allowed-origins & co.; off unless origins are given. Added last: outermost,
