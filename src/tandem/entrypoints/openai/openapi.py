@@ -1,7 +1,8 @@
 """``/openapi.json`` as the server really answers: FastAPI documents request-validation failures as 422 with
 its own error shape, but tandem answers 400 with OpenAI's ``{"error": {message, type, param, code}}`` — so every
-operation documents 400 (and 404 for an unknown model, 503 while the engine is down) with that shape, and
-``/metrics`` returns Prometheus text, not JSON."""
+operation documents 400 (and 404 for an unknown model, 503 while the engine is down) with that shape;
+``/metrics`` returns Prometheus text, ``/health`` and ``/ping`` an empty 200, and the completion routes JSON or
+(``"stream": true``) server-sent events. benchmarks/clients/schemathesis_server.py checks the server against it."""
 
 from __future__ import annotations
 
@@ -35,10 +36,19 @@ def install_openapi(app: FastAPI) -> None:
                 if "requestBody" in op or "parameters" in op or path.startswith("/v1/"):
                     for code, text in _ERRORS.items():
                         responses[code] = {"description": text, **ref}
-        metrics = schema.get("paths", {}).get("/metrics", {}).get("get")
+        paths = schema.get("paths", {})
+        metrics = paths.get("/metrics", {}).get("get")
         if metrics is not None:
             metrics["responses"]["200"] = {"description": "Prometheus text exposition",
                                            "content": {"text/plain": {"schema": {"type": "string"}}}}
+        for path in ("/health", "/ping"):  # an empty 200: alive
+            for op in paths.get(path, {}).values():
+                op["responses"]["200"] = {"description": "The engine is running (empty body)"}
+        for path in ("/v1/completions", "/v1/chat/completions"):  # "stream": true answers server-sent events
+            for op in paths.get(path, {}).values():
+                op["responses"]["200"] = {"description": "The completion, or its chunks as server-sent events",
+                                          "content": {"application/json": {"schema": {"type": "object"}},
+                                                      "text/event-stream": {"schema": {"type": "string"}}}}
         for schemas in ("HTTPValidationError", "ValidationError"):
             schema["components"]["schemas"].pop(schemas, None)
         app.openapi_schema = schema
