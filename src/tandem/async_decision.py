@@ -10,10 +10,12 @@ Capabilities are declared by the components themselves (``SUPPORTS_ASYNC_SCHEDUL
 ``ASYNC_UNSUPPORTED_REASON`` on each executor class, proposer class, ...), collected into
 :class:`AsyncCapability` records by the engine, and checked here in one documented order:
 
-1. executor backend      (``unsupported_executor``)
-2. pipeline parallelism  (``pipeline_parallel``)
-3. speculative proposer  (``unsupported_spec_method``, ``padded_drafter_batch_disabled``)
-4. any other feature     (its own reason)
+1. model runner          (``pooling_model``: a pooling runner computes each prompt once and samples nothing,
+                            so there is no next step's input to prepare while one runs)
+2. executor backend      (``unsupported_executor``)
+3. pipeline parallelism  (``pipeline_parallel``)
+4. speculative proposer  (``unsupported_spec_method``, ``padded_drafter_batch_disabled``)
+5. any other feature     (its own reason)
 
 This module imports nothing heavy so ``tandem config`` can print a decision without loading weights.
 """
@@ -36,10 +38,11 @@ class AsyncReason(str, Enum):
     UNSUPPORTED_SPEC_METHOD = "unsupported_spec_method"
     PADDED_DRAFTER_BATCH_DISABLED = "padded_drafter_batch_disabled"
     UNSUPPORTED_FEATURE = "unsupported_feature"
+    POOLING_MODEL = "pooling_model"
 
 
 # The order in which component kinds are checked; the first unsupported one names the reason.
-CHECK_ORDER = ("executor", "pipeline_parallel", "speculative", "feature")
+CHECK_ORDER = ("runner", "executor", "pipeline_parallel", "speculative", "feature")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from tandem import vllm_args
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DRAFT_DTYPES = (*_DTYPES, "int8")
+_RUNNERS = ("auto", "generate", "pooling")
 _SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -64,6 +65,11 @@ class ModelConfig:
     # vLLM's; None: the model's own
     tokenizer: str | None = flag(None, "the tokenizer: a .gguf file, a directory with tokenizer.json or a model "
                                        "name; default the model's own")
+    # vLLM's --runner: pooling = embeddings (/v1/embeddings, LLM.embed) from the same model's final hidden states
+    runner: str = flag("auto", "auto / generate: text generation; pooling: embeddings", choices=_RUNNERS)
+    pooler_config: dict[str, Any] | None = flag(
+        None, 'JSON: {"pooling_type": "LAST" | "MEAN", "normalize": true} (the default: LAST, normalized)'
+    )
     max_logprobs: int = flag(20, "the most logprobs / prompt_logprobs a request may ask for; -1: the vocabulary")
     # vLLM's: where requests' default sampling parameters come from (engine/generation_defaults.py)
     generation_config: str = flag(
@@ -86,6 +92,19 @@ class ModelConfig:
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.runner not in _RUNNERS:
+            raise ValueError(f"runner must be one of {_RUNNERS}, got {self.runner!r}")
+        if self.pooler_config is not None:
+            if self.runner != "pooling":
+                raise ValueError("pooler_config applies to runner 'pooling'")
+            pooler = self.pooler_config
+            unknown = sorted(set(pooler) - {"pooling_type", "normalize"}) if isinstance(pooler, dict) else None
+            if unknown is None or unknown:
+                raise ValueError(f"pooler_config takes pooling_type and normalize, got {pooler!r}")
+            if str(pooler.get("pooling_type", "LAST")).upper() not in ("LAST", "MEAN"):
+                raise ValueError(f"pooler_config.pooling_type must be LAST or MEAN, got {pooler['pooling_type']!r}")
+            if not isinstance(pooler.get("normalize", True), bool):
+                raise ValueError(f"pooler_config.normalize must be a bool, got {pooler['normalize']!r}")
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
             raise ValueError(f"tokenizer must be a non-empty string, got {self.tokenizer!r}")
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
@@ -102,6 +121,18 @@ class ModelConfig:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+    @property
+    def pooling(self) -> bool:
+        return self.runner == "pooling"
+
+    @property
+    def pooling_type(self) -> str:
+        return str((self.pooler_config or {}).get("pooling_type", "LAST")).upper()
+
+    @property
+    def pooling_normalize(self) -> bool:
+        return bool((self.pooler_config or {}).get("normalize", True))
 
     @property
     def tokenizer_source(self) -> str:
@@ -371,9 +402,9 @@ def engine_config(model: str = DEFAULT_MODEL, **kw: Any) -> EngineConfig:
     for name, value in kw.items():
         if value is not None and name != "speculative_config":
             given.setdefault(flags[name].section, {})[name] = value
-    if isinstance(given.get("model", {}).get("override_generation_config"), str):
-        given["model"]["override_generation_config"] = _json_arg(
-            "override_generation_config", given["model"]["override_generation_config"])
+    for name in ("override_generation_config", "pooler_config"):  # JSON on the command line
+        if isinstance(given.get("model", {}).get(name), str):
+            given["model"][name] = _json_arg(name, given["model"][name])
     sections = {s.name: s.default_factory(**given.get(s.name, {}))  # type: ignore[misc]
                 for s in fields(EngineConfig) if s.name not in ("speculative", "vllm_accepted")}
     spec = kw.get("speculative_config")

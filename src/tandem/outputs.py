@@ -110,3 +110,19 @@ class RequestOutput:
         drafts = sum(o.spec_decode.num_draft_tokens for o in self.outputs)
         accepted = sum(o.spec_decode.num_accepted_tokens for o in self.outputs)
         return accepted / drafts if drafts else 0.0
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """vLLM's: one prompt's embedding (``LLM.embed``)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

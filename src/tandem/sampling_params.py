@@ -260,4 +260,8 @@ class SamplingParams:
                 raise ValueError(f"token id {tid} is outside the vocabulary (size {vocab_size})")
 
 
-__all__ = ["RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]
+# A pooling runner's requests: the prompt computed once, one token sampled (and dropped), the pooled hidden state
+# returned (LLM.embed, /v1/embeddings).
+POOLING_PARAMS = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+
+__all__ = ["POOLING_PARAMS", "RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]

@@ -51,6 +51,15 @@ def _default_only(reason: str, *allowed: Any) -> Answer:
     return Answer("default_only", reason, allowed=allowed)
 
 
+def _convert(value: Any) -> dict[str, Any]:
+    if value in ("auto", "none"):
+        return {}
+    if value == "embed":
+        return {"runner": "pooling"}
+    raise ValueError(f"convert={value!r} is not supported: tandem converts a causal LM to 'embed' only "
+                     "(vLLM's default 'auto' is accepted)")
+
+
 def _spec_shorthand(key: str) -> Callable[[Any], dict[str, Any]]:
     return lambda v: {"_spec_" + key: v}
 
@@ -77,7 +86,7 @@ ANSWERS: dict[str, Answer] = {
         "tensor_parallel_size", "block_size", "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",
         "quantization", "speculative_config", "async_scheduling", "gpu_memory_utilization", "max_logprobs",
         "enable_chunked_prefill", "disable_log_stats", "generation_config", "override_generation_config",
-        "tokenizer",
+        "tokenizer", "runner", "pooler_config",
     )},
     "model": _flag("the model: a name tandem knows, a .gguf file or an HF directory"),
     # -- vLLM's meaning under another tandem name ------------------------------------------------------------
@@ -132,8 +141,8 @@ ANSWERS: dict[str, Answer] = {
     "config_format": _default_only(_MODEL_LOAD + "; the format is read from the file", "hf", "gguf"),
     "kv_cache_dtype": _default_only("the KV cache has the model's dtype"),
     "kv_cache_dtype_skip_layers": _default_only("the KV cache has the model's dtype"),
-    "runner": _default_only("tandem runs generative models", "generate"),
-    "convert": _default_only("tandem runs generative models", "none"),
+    "convert": _to("embed: a causal LM served as an embedding model (runner 'pooling'); auto / none: as it is",
+                   lambda v: _convert(v)),
     "model_impl": _default_only(_MODEL_LOAD),
     "hf_config_path": _default_only(_MODEL_LOAD),
     "hf_overrides": _default_only(_MODEL_LOAD),
@@ -153,7 +162,6 @@ ANSWERS: dict[str, Answer] = {
     "reasoning_parser": _default_only("tandem has no reasoning parser"),
     "reasoning_parser_plugin": _default_only("tandem has no reasoning parser"),
     "reasoning_config": _default_only("tandem has no reasoning parser"),
-    "pooler_config": _default_only("tandem runs generative models"),
     "io_processor_plugin": _default_only("tandem loads no plugins"),
     "worker_cls": _default_only("tandem's workers are its own"),
     "worker_extension_cls": _default_only("tandem's workers are its own"),

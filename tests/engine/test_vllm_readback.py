@@ -30,3 +30,11 @@ def test_off_reads_false_and_the_two_backend_names_must_agree() -> None:
     assert config_from_kwargs(distributed_executor_backend="mp").parallel.executor_backend == "mp"
     with pytest.raises(ValueError, match="executor_backend='uni' and distributed_executor_backend='mp' disagree"):
         config_from_kwargs(executor_backend="uni", distributed_executor_backend="mp")
+
+
+def test_a_pooling_model_reads_false_with_its_reason() -> None:
+    """The seed pattern's other branch: a pooling model has nothing to overlap, so async scheduling left
+    unset resolves off, and the reason says why."""
+    with LLM(runner="pooling", distributed_executor_backend="uni", num_kv_blocks=32, max_num_seqs=1) as llm:
+        assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling is False
+        assert llm.async_scheduling.requested is None and llm.async_scheduling.reason.value == "pooling_model"

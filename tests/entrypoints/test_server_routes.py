@@ -83,6 +83,8 @@ def test_openapi_documents_what_the_server_answers(server: RemoteServer) -> None
     assert list(spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
     status, err = _call(server, "/v1/completions", {"prompt": 5})  # a validation error: the documented shape
     assert status == 400 and set(err["error"]) == {"message", "type", "param", "code"}
+    status, err = _call(server, "/v1/embeddings", {"input": "x"})  # a generating server: --runner pooling
+    assert status == 400 and err["error"]["param"] == "model" and "--runner pooling" in err["error"]["message"]
 
 
 def test_cors_answers_the_allowed_origin_only(server: RemoteServer) -> None:

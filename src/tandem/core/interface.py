@@ -97,6 +97,8 @@ class ModelRunnerOutput:
     logprobs: list[list[TokenLogprobs]] | None = None
     # req_id -> per-prompt-token logprobs (first entry None: nothing predicts the first token).
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
+    # Pooling runner: req_id -> the prompt's pooled hidden state, for requests whose prompt ended this step.
+    pooled: dict[str, list[float]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:
@@ -118,3 +120,4 @@ class EngineCoreOutput:
     num_accepted_tokens: int = 0
     error: str | None = None
     first_scheduled_time: float | None = None  # time.monotonic() of the request's first admission
+    pooled: list[float] | None = None  # pooling runner: the prompt's embedding (with its one sampled token)

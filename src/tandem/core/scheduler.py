@@ -373,6 +373,7 @@ class Scheduler:
             num_draft_tokens=num_valid,
             num_accepted_tokens=num_accepted,
             first_scheduled_time=req.first_scheduled_time,
+            pooled=out.pooled.get(req.request_id),
         )
 
     # -- invariants ------------------------------------------------------------------------------------

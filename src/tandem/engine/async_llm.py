@@ -61,6 +61,7 @@ class RequestDelta:
     error: str | None = None
     # Every prompt position's logprobs (the first None), once: in the first delta after the prefill.
     prompt_logprobs: PromptLogprobs | None = None
+    pooled: list[float] | None = None  # pooling runner: the prompt's embedding, in the final delta
 
 
 class _Stream:
@@ -379,4 +380,5 @@ def _delta(fr: FrontRequest, index: int) -> RequestDelta:
         num_cached_tokens=fr.num_cached_tokens,
         error=fr.error,
         prompt_logprobs=prompt_logprobs,
+        pooled=fr.pooled if fr.finished else None,
     )

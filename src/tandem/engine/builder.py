@@ -14,6 +14,7 @@ from typing import Any
 from tandem import overrides
 from tandem.async_decision import (
     AsyncCapability,
+    AsyncReason,
     AsyncSchedulingDecision,
     resolve_async_scheduling,
 )
@@ -76,6 +77,9 @@ class EnginePlan:
             "kv_cache_bytes": self.num_kv_blocks * self.bytes_per_block,
             "max_model_len": self.max_model_len,
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "runner": "pooling" if self.config.model.pooling else "generate",
+            "pooler": ({"pooling_type": self.config.model.pooling_type, "normalize": self.config.model.pooling_normalize}
+                       if self.config.model.pooling else None),
             "enable_chunked_prefill": self.config.scheduler.enable_chunked_prefill is not False,
             "vllm_accepted": dict(self.config.vllm_accepted),
         }
@@ -84,6 +88,9 @@ class EnginePlan:
 def async_capabilities(config: EngineConfig) -> list[AsyncCapability]:
     """Every component's own declaration, in the resolver's check order."""
     caps = [get_executor_class(config.parallel.executor_backend).async_capability()]
+    if config.model.pooling:
+        caps.append(AsyncCapability("runner", "runner 'pooling'", False, AsyncReason.POOLING_MODEL,
+                                    "a pooling model has nothing to overlap: async scheduling stays off"))
     if config.speculative is not None:
         caps.append(get_proposer_class(config.speculative.method).async_capability())
     return caps
@@ -96,6 +103,9 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
     args = args or load_model_args(config.model.model)
     from tandem.worker.worker import DTYPES
 
+    if config.model.pooling and config.speculative is not None:
+        raise ValueError("runner 'pooling' computes each prompt once and generates nothing: speculative_config "
+                         "does not apply")
     tp = config.parallel.tensor_parallel_size
     if tp > 1 and not get_executor_class(config.parallel.executor_backend).SUPPORTS_TENSOR_PARALLEL:
         raise ValueError(
@@ -300,7 +310,8 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         max_model_len=plan.max_model_len,
         num_kv_blocks=plan.num_kv_blocks,
         block_size=config.cache.block_size,
-        enable_prefix_caching=config.cache.enable_prefix_caching,
+        # A pooling runner needs every prompt position's hidden state (MEAN): nothing is served from the cache.
+        enable_prefix_caching=config.cache.enable_prefix_caching and not config.model.pooling,
         num_speculative_tokens=k,
         num_lookahead_tokens=lookahead,
         kv_group_windows=tuple(w for w, _ in kv_cache_groups(plan.args.layer_windows, plan.args.num_hidden_layers)),

@@ -18,8 +18,8 @@ from tandem.engine.prompts import Prompt, PromptInput, normalize_prompts
 from tandem.engine.requests import MadeRequest, RequestFactory
 from tandem.executor.base import ExecutorError
 from tandem.engine.vllm_compat import LLMEngineView, engine_view
-from tandem.outputs import RequestOutput
-from tandem.sampling_params import SamplingParams
+from tandem.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from tandem.sampling_params import POOLING_PARAMS, SamplingParams
 from tandem.trace.tracer import NULL_TRACER, Tracer
 
 class EngineDeadError(RuntimeError):
@@ -98,6 +98,8 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
+        if self.config.model.pooling:
+            raise ValueError("this engine runs the model as a pooling model (runner='pooling'): use embed()")
         plist = normalize_prompts(prompts)
         if sampling_params is None:
             params = [self.get_default_sampling_params()] * len(plist)
@@ -109,6 +111,23 @@ class LLM:
                 raise ValueError(
                     f"got {len(params)} sampling_params for {len(plist)} prompts"
                 )
+        made, done = self._run(plist, params, use_tqdm)
+        return self._group(made, done)
+
+    def embed(self, prompts: PromptInput, use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """vLLM's ``LLM.embed`` (runner ``"pooling"``): each prompt's pooled final hidden state
+        (``pooler_config``: LAST or MEAN, normalized by default), computed through the same paged model."""
+        if not self.config.model.pooling:
+            raise ValueError("embed needs runner='pooling' (vLLM's --runner pooling, or convert='embed')")
+        plist = normalize_prompts(prompts)
+        made, done = self._run(plist, [POOLING_PARAMS] * len(plist), use_tqdm)
+        return [EmbeddingRequestOutput(req.request_id, prompt.text, list(req.prompt_token_ids),
+                                       EmbeddingOutput(list(done[req.request_id].pooled or ())))
+                for req, prompt, _, _ in made]
+
+    def _run(self, plist: list[Prompt], params: list[SamplingParams],
+             use_tqdm: bool) -> tuple[list[MadeRequest], dict[str, FrontRequest]]:
+        """Validate, add, and step until every request finished."""
         made = self._make_requests(plist, params)
         if self.config.observability.trace_file:
             self._engine.tracer.clear()  # the trace file holds this call's steps
@@ -127,7 +146,7 @@ class LLM:
             if bar is not None:
                 bar.close()
         self._flush_trace()
-        return self._group(made, done)
+        return made, done
 
     def generate_stream(
         self, prompt: PromptInput, sampling_params: SamplingParams | None = None

@@ -47,6 +47,7 @@ class FrontRequest:
     error: str | None = None
     num_cached_tokens: int = 0
     spec: SpecDecodeRequestStats = field(default_factory=SpecDecodeRequestStats)
+    pooled: list[float] | None = None  # pooling runner: the prompt's embedding
 
     @property
     def finished(self) -> bool:
@@ -122,6 +123,8 @@ class OutputProcessor:
             fr = self.requests.get(out.req_id)
             if fr is None or fr.finished:
                 continue
+            if out.pooled is not None:
+                fr.pooled = out.pooled
             if out.prompt_logprobs and fr.prompt_logprobs is not None:
                 fr.prompt_logprobs.extend(self._convert(lp) for lp in out.prompt_logprobs)
             if fr.metrics.first_scheduled_time is None:

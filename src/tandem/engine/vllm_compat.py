@@ -36,7 +36,7 @@ def engine_view(plan: EnginePlan) -> LLMEngineView:
     c = plan.config
     model = SimpleNamespace(
         model=c.model.model, dtype=c.model.resolved_dtype(), max_model_len=plan.max_model_len, seed=c.model.seed,
-        quantization=plan.quantization.resolved,
+        quantization=plan.quantization.resolved, runner="pooling" if c.model.pooling else "generate",
     )
     cache = SimpleNamespace(
         block_size=c.cache.block_size, num_gpu_blocks=plan.num_kv_blocks,

@@ -32,6 +32,7 @@ from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.input_batch import InputBatch
 from tandem.worker.input_prep import RequestPlan, StepInputs, prepare_inputs
 from tandem.worker.pending import PendingStep, PromptLogprobs
+from tandem.worker.pooler import Pooler
 
 
 class ModelRunner:
@@ -49,6 +50,7 @@ class ModelRunner:
         num_spec_tokens: int = 0,
         tracer: Tracer = NULL_TRACER,
         structured: StructuredOutputManager | None = None,
+        pooler: Pooler | None = None,
     ) -> None:
         if deferred_reconciliation and not async_scheduling:
             raise ValueError("deferred_reconciliation needs async scheduling")
@@ -68,6 +70,7 @@ class ModelRunner:
         # runs before the next step samples in every mode (end of step, deferred reconcile, or a
         # host-side drafter's early apply), so masks start from the committed state.
         self.structured = structured
+        self.pooler = pooler  # runner "pooling": each prompt's pooled hidden state rides with its step's output
         self.device = model.device
         self.vocab_size = model.args.vocab_size
         bad = [t for t in eos_token_ids if not 0 <= t < self.vocab_size]
@@ -144,6 +147,7 @@ class ModelRunner:
                 self._reconcile(self._pending)
             self._pending = None
         prompt_lp = self._prompt_logprobs(step, logits) if step.any_prompt_logprobs and logits is not None else {}
+        pooled = self.pooler(step.plans, fwd.hidden_states) if self.pooler is not None else {}
         sampling = step.sampling
         sampled = torch.empty(0, 1, dtype=torch.int64, device=self.device)
         lp: LogprobsTensors | None = None
@@ -172,6 +176,7 @@ class ModelRunner:
             prompt_logprobs=prompt_lp,
             send_drafts=not self.async_scheduling and self.k > 0,
             tokens_applied=applied,
+            pooled=pooled,
         )
         if self.deferred:
             self._pending = pending  # reconciled after the next step's forward is launched

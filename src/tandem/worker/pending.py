@@ -67,6 +67,7 @@ class PendingStep:
     send_drafts: bool  # sync scheduling: drafts travel to the host scheduler
     tokens_applied: bool = False  # a host-side proposer already applied the tokens to the host records
     num_invalid: list[int] | None = None  # drafts cut by a grammar, per sampling request
+    pooled: dict[str, torch.Tensor] = field(default_factory=dict)  # pooling runner: req_id -> [hidden]
     _host: tuple[list[list[int]], list[list[int]] | None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _event: object = field(default=None, repr=False)
@@ -134,6 +135,7 @@ class PendingStep:
                 else None
             ),
             prompt_logprobs={rid: plp.entries() for rid, plp in self.prompt_logprobs.items()},
+            pooled={rid: v.float().cpu().tolist() for rid, v in self.pooled.items()},
         )
 
 

@@ -31,6 +31,9 @@ class RequestState:
     prompt_logprobs_done: int = 0  # prompt positions whose logprobs were already returned
     # Proposer-private state (e.g. a draft model's own frontier, EAGLE's last hidden state).
     proposer_state: dict[str, object] = field(default_factory=dict)
+    # Pooling runner, MEAN: the sum of the prompt's hidden states so far and their count (worker/pooler.py).
+    pool_sum: object = None
+    pool_count: int = 0
 
     @classmethod
     def from_new(cls, nr: NewRequestData, slot: int) -> RequestState:

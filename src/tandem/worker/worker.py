@@ -15,6 +15,7 @@ from tandem.model.loader import Checkpoint, load_checkpoint, load_tokenizer
 from tandem.model.transformer import CausalLM
 from tandem.spec_decode.factory import build_proposer
 from tandem.structured.manager import StructuredOutputManager
+from tandem.worker.pooler import Pooler
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.model_runner import ModelRunner
 
@@ -95,4 +96,5 @@ def build_runner(
         structured=StructuredOutputManager(
             functools.partial(load_tokenizer, cfg.model.tokenizer_source), args.vocab_size, spec.eos_token_ids
         ),
+        pooler=Pooler(cfg.model.pooling_type, cfg.model.pooling_normalize) if cfg.model.pooling else None,
     )

@@ -217,6 +217,16 @@ class ChatCompletionRequest(_SamplingRequest):
     parallel_tool_calls: bool | None = None
 
 
+class EmbeddingRequest(_Strict):
+    """OpenAI's ``/v1/embeddings``: one input or a batch, as text or token ids."""
+
+    model: str | None = None
+    input: str | list[str] | list[TokenId] | list[list[TokenId]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: SmallInt | None = None
+    user: str | None = None
+
+
 class TokenizeRequest(_Strict):
     """vLLM's ``/tokenize``: a completion ``prompt`` or chat ``messages`` (rendered by the chat template)."""
 

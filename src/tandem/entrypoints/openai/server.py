@@ -27,12 +27,14 @@ from tandem.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
 )
 from tandem.entrypoints.openai.serving_chat import create_chat_completion
 from tandem.entrypoints.openai.tool_parsers import ToolParser
 from tandem.entrypoints.openai.serving_common import ServerContext
 from tandem.entrypoints.openai.serving_completions import create_completion
+from tandem.entrypoints.openai.serving_embeddings import create_embedding
 from tandem.entrypoints.openai.serving_tokens import detokenize, tokenize
 from tandem.entrypoints.prom_metrics import CONTENT_TYPE, ServerMetrics
 
@@ -134,9 +136,23 @@ def build_app(
     async def detokenize_route(body: DetokenizeRequest) -> dict[str, object]:
         return detokenize(ctx, body)
 
+    def generative() -> None:
+        if engine.config.model.pooling:
+            raise APIError("this model is served as a pooling model (--runner pooling): use /v1/embeddings", 400,
+                           "model")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, raw: Request) -> Response:
+        alive()
+        try:
+            return await create_embedding(ctx, body, raw)
+        except EngineDeadError as exc:
+            raise APIError(str(exc), 503) from exc
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request) -> Response:
         alive()
+        generative()
         try:
             return await create_completion(ctx, body, raw)
         except EngineDeadError as exc:
@@ -145,6 +161,7 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         alive()
+        generative()
         try:
             return await create_chat_completion(ctx, body, raw)
         except EngineDeadError as exc:
