@@ -192,6 +192,10 @@ def test_errors(server, client):
     assert err.value.body["param"] == "max_tokens"
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="word " * 600, max_tokens=2)
+    image = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": image}], max_tokens=2)
+    assert err.value.body["param"] == "messages" and err.value.body["message"].startswith("images are not supported")
     host, port = server.host_port
     conn = http.client.HTTPConnection(host, port, timeout=10)
     for body in (b"{not json", b"[1, 2]", b'{"prompt": "x", "max_tokens": "3"}'):

@@ -146,7 +146,7 @@ PROMPTS = [
     'def fizzbuzz(n: int) -> list[str]:\n    """Return the FizzBuzz sequence from 1 to n."""\n',
     'import os\n\n\ndef list_python_files(root):\n    """Yield every .py file under root."""\n',
 ]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=24, logprobs=2, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, logprobs=2, ignore_eos=True)
 SMALL = {"max_num_seqs": 3, "max_model_len": 512, "num_kv_blocks": 768}  # 262k-wide logits rows; 6 KV groups
 
 

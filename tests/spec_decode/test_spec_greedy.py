@@ -1,5 +1,5 @@
 """Speculative decoding on the real default model, greedy: ngram and draft_model (the target as its own
-draft, and the shipped small draft) give the no-spec tokens for 32 HumanEval prompts at concurrency 8,
+draft, and the shipped small draft) give the no-spec tokens for 32 HumanEval prompts (16 for the target as its own draft) at concurrency 8,
 async off and on; acceptance is identical across async modes; the target as its own draft accepts every
 draft; stop tokens inside accepted drafts, max_tokens and max_model_len are honoured exactly."""
 
@@ -38,12 +38,14 @@ def test_spec_equals_no_spec_async_off_and_on(reference, name):
         llm = LLM(max_num_seqs=8, async_scheduling=async_on, speculative_config=METHODS[name],
                   debug_invariants=True)
         assert llm.async_scheduling.resolved is async_on
-        outs = llm.generate(list(humaneval_prompts(N_PROMPTS)), GREEDY, use_tqdm=False)
+        # The target as its own draft (a whole second model per draft token) on the first half of the prompts.
+        n = N_PROMPTS // 2 if name == "target-as-draft" else N_PROMPTS
+        outs = llm.generate(list(humaneval_prompts(n)), GREEDY, use_tqdm=False)
         identical = sum(
             assert_greedy_match(r.token_ids, r.logprobs, o.outputs[0].token_ids, label=f"{name} #{i}")
             for i, (r, o) in enumerate(zip(reference, outs))
         )
-        assert identical >= N_PROMPTS - 2
+        assert identical >= n - 2
         stats[async_on] = llm.spec_decode_stats()
         assert stats[async_on]["num_drafts"] > 0
         per_request = sum(o.outputs[0].spec_decode.num_draft_tokens for o in outs)

@@ -155,6 +155,12 @@ class TextPart(_Strict):
     text: str
 
 
+class MediaPart(_Strict):
+    """An image / audio / video content part: parsed so it can be refused by name (text-only models)."""
+
+    type: Literal["image_url", "input_image", "image", "input_audio", "audio_url", "video_url", "file"]
+
+
 class FunctionCall(_Strict):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
@@ -191,17 +197,24 @@ class NamedToolChoice(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | MediaPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None  # tool: the call this answers
+
+    @property
+    def media(self) -> str | None:
+        """The type of the first non-text content part, if any."""
+        if isinstance(self.content, list):
+            return next((part.type for part in self.content if isinstance(part, MediaPart)), None)
+        return None
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
 class ChatCompletionRequest(_SamplingRequest):

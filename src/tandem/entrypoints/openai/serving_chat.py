@@ -38,6 +38,11 @@ def render_messages(
 ) -> str:
     """The chat template over ``messages`` (and the plan's tools); a template that raises on them is the
     caller's input error."""
+    media = next((m.media for m in messages if m.media is not None), None)
+    if media is not None:
+        kind = "images" if "image" in media else "audio" if "audio" in media else "video" if "video" in media else "files"
+        raise APIError(f"{kind} are not supported: this server runs a text-only model (content part {media!r})",
+                       400, "messages")
     template = ctx.engine.tokenizer.chat_template
     plain, extra = template_messages(messages, plan, getattr(template, "source", "") or "")
     try:
