@@ -12,13 +12,12 @@ from typing import Any
 
 from tandem.quantization import ACTIVATION_CHOICES, QUANTIZATION_CHOICES
 from tandem import vllm_args
+from tandem.speculative_config import SpeculativeConfig
+from tandem.speculative_config import positive as _positive
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-_DRAFT_DTYPES = (*_DTYPES, "int8")
 _RUNNERS = ("auto", "generate", "pooling")
-_SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
-MAX_SPECULATIVE_TOKENS = 16
 
 
 def flag(default: Any, help: str, *, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = (),
@@ -27,13 +26,6 @@ def flag(default: Any, help: str, *, choices: tuple[str, ...] | None = None, ali
     option ``--field-name`` (plus ``aliases``) on every command that builds an engine, the server included
     (:func:`engine_flags`). ``cli`` False: a keyword only (a command spells it its own way)."""
     return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases, "cli": cli})
-
-
-def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -210,85 +202,6 @@ class SchedulerConfig:
             raise ValueError(
                 f"async_scheduling must be True, False or None, got {self.async_scheduling!r}"
             )
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """vLLM's ``speculative_config`` keys."""
-
-    method: str
-    num_speculative_tokens: int
-    model: str | None = None  # draft checkpoint; None: the shipped one for the default model
-    prompt_lookup_min: int | None = None
-    prompt_lookup_max: int | None = None
-    # draft_model: the draft model's dtype (auto: the target's). eagle / eagle3 / mtp: the head's own
-    # matrices ("int8": the decoder layer's and an own LM head weight-only int8 with a scale per output
-    # feature, the input fusion bf16; "bfloat16"; auto: int8 under a float32 target on the native CPU
-    # kernels, else the target's dtype).
-    draft_dtype: str | None = None
-    eagle3_layer_ids: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if self.method not in _SPEC_METHODS:
-            raise ValueError(
-                f"speculative_config.method must be one of {_SPEC_METHODS}, got {self.method!r}"
-            )
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise ValueError(
-                "speculative_config.num_speculative_tokens must be an integer in "
-                f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}"
-            )
-        if self.method == "ngram":
-            lo = self.prompt_lookup_min if self.prompt_lookup_min is not None else 1
-            hi = self.prompt_lookup_max if self.prompt_lookup_max is not None else max(lo, 4)
-            _positive("speculative_config.prompt_lookup_min", lo)
-            _positive("speculative_config.prompt_lookup_max", hi)
-            if lo > hi:
-                raise ValueError(
-                    f"speculative_config.prompt_lookup_min ({lo}) must not exceed "
-                    f"prompt_lookup_max ({hi})"
-                )
-        if self.draft_dtype is not None and self.draft_dtype not in _DRAFT_DTYPES:
-            raise ValueError(f"speculative_config.draft_dtype must be one of {_DRAFT_DTYPES}")
-        if self.draft_dtype == "int8" and self.method not in ("eagle", "eagle3", "mtp"):
-            raise ValueError(
-                "speculative_config.draft_dtype 'int8' (weight-only, a draft head's matrices) applies to "
-                f"methods eagle, eagle3 and mtp, not {self.method!r}"
-            )
-
-    @property
-    def ngram_min(self) -> int:
-        return self.prompt_lookup_min if self.prompt_lookup_min is not None else 1
-
-    @property
-    def ngram_max(self) -> int:
-        if self.prompt_lookup_max is not None:
-            return self.prompt_lookup_max
-        return max(self.ngram_min, 4)
-
-    @classmethod
-    def from_any(cls, value: SpeculativeConfig | dict[str, Any] | str | None) -> SpeculativeConfig | None:
-        if value is None or isinstance(value, SpeculativeConfig):
-            return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"speculative_config is not valid JSON: {exc}") from exc
-        if not isinstance(value, dict):
-            raise ValueError("speculative_config must be a dict, a JSON string or SpeculativeConfig")
-        known = set(cls.__dataclass_fields__)
-        value, _ = vllm_args.translate_speculative(value, known)
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}")
-        if "method" not in value or "num_speculative_tokens" not in value:
-            raise ValueError("speculative_config needs 'method' and 'num_speculative_tokens'")
-        kwargs = dict(value)
-        if kwargs.get("eagle3_layer_ids") is not None:
-            kwargs["eagle3_layer_ids"] = tuple(kwargs["eagle3_layer_ids"])
-        return cls(**kwargs)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,105 @@
+"""vLLM's ``speculative_config``: which proposer, how many drafts, and the proposer's own settings; validated at
+construction. vLLM's other keys are answered in ``tandem.vllm_args`` (``translate_speculative``). No I/O, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tandem import vllm_args
+
+_DRAFT_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+_SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+MAX_SPECULATIVE_TOKENS = 16
+
+
+def positive(name: str, value: Any, *, allow_none: bool = False) -> None:
+    """A positive integer (or None where allowed); the ValueError names the field. Shared with tandem.config."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's ``speculative_config`` keys."""
+
+    method: str
+    num_speculative_tokens: int
+    model: str | None = None  # draft checkpoint; None: the shipped one for the default model
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    # draft_model: the draft model's dtype (auto: the target's). eagle / eagle3 / mtp: the head's own
+    # matrices ("int8": the decoder layer's and an own LM head weight-only int8 with a scale per output
+    # feature, the input fusion bf16; "bfloat16"; auto: int8 under a float32 target on the native CPU
+    # kernels, else the target's dtype).
+    draft_dtype: str | None = None
+    eagle3_layer_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in _SPEC_METHODS:
+            raise ValueError(
+                f"speculative_config.method must be one of {_SPEC_METHODS}, got {self.method!r}"
+            )
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                "speculative_config.num_speculative_tokens must be an integer in "
+                f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}"
+            )
+        if self.method == "ngram":
+            lo = self.prompt_lookup_min if self.prompt_lookup_min is not None else 1
+            hi = self.prompt_lookup_max if self.prompt_lookup_max is not None else max(lo, 4)
+            positive("speculative_config.prompt_lookup_min", lo)
+            positive("speculative_config.prompt_lookup_max", hi)
+            if lo > hi:
+                raise ValueError(
+                    f"speculative_config.prompt_lookup_min ({lo}) must not exceed "
+                    f"prompt_lookup_max ({hi})"
+                )
+        if self.draft_dtype is not None and self.draft_dtype not in _DRAFT_DTYPES:
+            raise ValueError(f"speculative_config.draft_dtype must be one of {_DRAFT_DTYPES}")
+        if self.draft_dtype == "int8" and self.method not in ("eagle", "eagle3", "mtp"):
+            raise ValueError(
+                "speculative_config.draft_dtype 'int8' (weight-only, a draft head's matrices) applies to "
+                f"methods eagle, eagle3 and mtp, not {self.method!r}"
+            )
+
+    @property
+    def ngram_min(self) -> int:
+        return self.prompt_lookup_min if self.prompt_lookup_min is not None else 1
+
+    @property
+    def ngram_max(self) -> int:
+        if self.prompt_lookup_max is not None:
+            return self.prompt_lookup_max
+        return max(self.ngram_min, 4)
+
+    @classmethod
+    def from_any(cls, value: SpeculativeConfig | dict[str, Any] | str | None) -> SpeculativeConfig | None:
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"speculative_config is not valid JSON: {exc}") from exc
+        if not isinstance(value, dict):
+            raise ValueError("speculative_config must be a dict, a JSON string or SpeculativeConfig")
+        known = set(cls.__dataclass_fields__)
+        value, _ = vllm_args.translate_speculative(value, known)
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}")
+        if "method" not in value or "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config needs 'method' and 'num_speculative_tokens'")
+        kwargs = dict(value)
+        if kwargs.get("eagle3_layer_ids") is not None:
+            kwargs["eagle3_layer_ids"] = tuple(kwargs["eagle3_layer_ids"])
+        return cls(**kwargs)
+
+
+__all__ = ["MAX_SPECULATIVE_TOKENS", "SpeculativeConfig", "positive"]
