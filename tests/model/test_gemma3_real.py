@@ -2,7 +2,7 @@
 
 Both sides get the same token ids (tandem's tokenizer, which tests/model/test_tokenizer_spm.py compares with
 transformers'). transformers runs each prompt alone with its own cache, the plainest reference; tandem runs
-through the engine: all prompts batched, with chunked prefill (64-token budget), and six of them (the long one
+through the engine: all 9 prompts batched, with chunked prefill (64-token budget), and six of them (the long one
 among them) each alone; one prompt past the 512-token sliding window (1,500+ tokens) in every run. Greedy ids must be equal, or diverge only where
 transformers' top-2 margin is below 1e-3 (tests/helpers.py's near-tie rule, checked, never assumed).
 """
@@ -34,7 +34,7 @@ pytestmark = [
 ]
 
 MODEL = "gemma-3-270m"
-NUM_PROMPTS = 16
+NUM_PROMPTS = 8  # 16 when the family landed; halved (with 32 new tokens) to keep CI under its time limit
 NEW_TOKENS = 32  # 64 when the family landed; 32 keeps every prompt and mode at half the CI time
 LONG_PROMPT_TOKENS = 1500
 
@@ -55,7 +55,7 @@ def checkpoint() -> Any:
 
 @pytest.fixture(scope="module")
 def prompts(checkpoint: Any) -> list[list[int]]:
-    """16 HumanEval prompts, then one of 1,500+ tokens made of the following ones (past the window)."""
+    """8 HumanEval prompts, then one of 1,500+ tokens made of the following ones (past the window)."""
     tok = checkpoint.tokenizer
     short = [tok.encode(p) for p in humaneval_prompts(NUM_PROMPTS)]
     text, more = "", iter(humaneval_prompts(164)[NUM_PROMPTS:])
@@ -140,16 +140,16 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 @pytest.mark.parametrize(
     "label,kwargs",
     [
-        ("batched", {"max_num_seqs": 17}),
+        ("batched", {"max_num_seqs": 9}),
         ("alone", {"max_num_seqs": 1}),
-        ("chunked", {"max_num_seqs": 17, "max_num_batched_tokens": 64}),
+        ("chunked", {"max_num_seqs": 9, "max_num_batched_tokens": 64}),
     ],
 )
 def test_greedy_through_the_engine_matches_transformers(
     prompts: list[list[int]], reference: Reference, label: str, kwargs: dict[str, Any]
 ) -> None:
     llm = LLM(model=MODEL, quantization="none", max_model_len=2048, debug_invariants=True, **kwargs)
-    # Alone, one request at a time: the first 5 prompts and the long one (batched and chunked take all 17).
+    # Alone, one request at a time: the first 5 prompts and the long one (batched and chunked take all 9).
     picked = [*range(5), len(prompts) - 1] if label == "alone" else list(range(len(prompts)))
     outs = llm.generate([{"prompt_token_ids": prompts[i]} for i in picked], GREEDY, use_tqdm=False)
     _check_greedy(outs, Reference([reference.ids[i] for i in picked], [reference.margins[i] for i in picked],

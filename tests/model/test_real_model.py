@@ -1,7 +1,7 @@
 """The real default model (SmolLM2-135M-Instruct, fp32) against transformers loading the same GGUF.
 
 Both sides get the same token ids (tandem's tokenizer, which the loader tests compare with transformers').
-tandem runs the 16 prompts as ONE paged batch per step (scattered blocks); transformers runs each prompt
+tandem runs the 8 prompts as ONE paged batch per step (scattered blocks); transformers runs each prompt
 alone with its own cache, the plainest possible reference.
 """
 
@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*past_key_values.*:FutureWarning"),
 ]
 
-NUM_PROMPTS = 16
+NUM_PROMPTS = 8  # was 16: halved to keep CI under its time limit
 NEW_TOKENS = 32
 BLOCK_SIZE = 16
 LOGITS_ATOL = 1e-3
@@ -130,7 +130,7 @@ def tandem_greedy(checkpoint: Any, prompts: list[list[int]]) -> Greedy:
 
 
 def test_first_step_logits_match(hf_greedy: Greedy, tandem_greedy: Greedy) -> None:
-    """Prefill of all 16 prompts in one batch; last-position logits within 1e-3 of transformers."""
+    """Prefill of all 8 prompts in one batch; last-position logits within 1e-3 of transformers."""
     for i, (hf, td) in enumerate(zip(hf_greedy.logits, tandem_greedy.logits)):
         diff = (hf[0] - td[0]).abs().max().item()
         assert diff < LOGITS_ATOL, f"prompt {i}: first-step logits differ by {diff}"

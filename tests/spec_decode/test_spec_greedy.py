@@ -1,5 +1,5 @@
 """Speculative decoding on the real default model, greedy: ngram and draft_model (the target as its own
-draft, and the shipped small draft) give the no-spec tokens for 32 HumanEval prompts (16 for the target as its own draft) at concurrency 8,
+draft, and the shipped small draft) give the no-spec tokens for 16 HumanEval prompts (8 for the target as its own draft) at concurrency 8,
 async off and on; acceptance is identical across async modes; the target as its own draft accepts every
 draft; stop tokens inside accepted drafts, max_tokens and max_model_len are honoured exactly."""
 
@@ -12,7 +12,7 @@ from tests.helpers import assert_greedy_match, humaneval_prompts
 
 pytestmark = pytest.mark.slow
 
-N_PROMPTS = 32
+N_PROMPTS = 16  # was 32: halved to keep CI under its time limit
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, logprobs=2, ignore_eos=True)
 METHODS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 3},
