@@ -114,8 +114,7 @@ ANSWERS: dict[str, Answer] = {
     )},
     "trust_remote_code": _accepted("tandem never runs a checkpoint's code: it builds only architectures it "
                                    "implements, and a model that needs remote code is refused at load"),
-    "served_model_name": _accepted("the name(s) tandem serve answers to in 'model' (default: the model); LLM: "
-                                   "recorded"),
+    "served_model_name": _accepted("the name(s) tandem serve answers to in 'model'; LLM: recorded"),
     "master_addr": _accepted("tandem's tensor-parallel ranks meet on a loopback port of their own; recorded"),
     "master_port": _accepted("tandem's tensor-parallel ranks meet on a loopback port of their own; recorded"),
     "distributed_timeout_seconds": _accepted("recorded; tandem's ranks use gloo's default timeout"),
