@@ -38,11 +38,16 @@ from tandem.entrypoints.openai.serving_common import (
 
 
 def _prompts(req: CompletionRequest) -> list[Prompt]:
-    p = req.prompt
+    return prompts_of(req.prompt, "prompt")
+
+
+def prompts_of(p: Any, field: str) -> list[Prompt]:
+    """OpenAI's prompt forms (a string, strings, token ids, lists of token ids) as prompts; ``field`` names the
+    request field in the 400 for an empty one (``prompt``; ``/v1/embeddings``: ``input``)."""
     if isinstance(p, str):
         return [Prompt(p, None)]
     if not p:
-        raise APIError("prompt must not be empty", 400, "prompt")
+        raise APIError(f"{field} must not be empty", 400, field)
     if all(isinstance(x, int) for x in p):
         return [Prompt(None, tuple(p))]  # type: ignore[arg-type]
     if all(isinstance(x, str) for x in p):

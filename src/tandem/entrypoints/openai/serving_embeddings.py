@@ -15,20 +15,8 @@ from tandem.engine.prompts import Prompt
 from tandem.entrypoints.openai.errors import APIError
 from tandem.entrypoints.openai.protocol import MAX_CHOICES, EmbeddingRequest
 from tandem.entrypoints.openai.serving_common import Prepared, ServerContext, check_delta, collect, new_id, start
+from tandem.entrypoints.openai.serving_completions import prompts_of
 from tandem.sampling_params import POOLING_PARAMS
-
-
-def _inputs(req: EmbeddingRequest) -> list[Prompt]:
-    value = req.input
-    if isinstance(value, str):
-        return [Prompt(value, None)]
-    if not value:
-        raise APIError("input must not be empty", 400, "input")
-    if all(isinstance(v, int) for v in value):
-        return [Prompt(None, tuple(value))]  # type: ignore[arg-type]
-    if all(isinstance(v, str) for v in value):
-        return [Prompt(v, None) for v in value]  # type: ignore[arg-type]
-    return [Prompt(None, tuple(v)) for v in value]  # type: ignore[arg-type, union-attr]
 
 
 async def create_embedding(ctx: ServerContext, req: EmbeddingRequest, raw: Request) -> Response:
@@ -38,7 +26,7 @@ async def create_embedding(ctx: ServerContext, req: EmbeddingRequest, raw: Reque
                        "/v1/embeddings", 400, "model")
     if req.dimensions is not None:
         raise APIError("dimensions is not supported: embeddings have the model's hidden size", 400, "dimensions")
-    prompts = _inputs(req)
+    prompts = prompts_of(req.input, "input")
     if len(prompts) > MAX_CHOICES:
         raise APIError(f"at most {MAX_CHOICES} inputs per request", 400, "input")
     checked = []
