@@ -11,7 +11,8 @@ from typing import Any
 from tandem import vllm_args
 
 _DRAFT_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
-_SPEC_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+_SPEC_METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp")
+SPEC_POLICIES = ("adaptive", "fixed")
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -38,6 +39,17 @@ class SpeculativeConfig:
     # kernels, else the target's dtype).
     draft_dtype: str | None = None
     eagle3_layer_ids: tuple[int, ...] | None = None
+    # How many drafts each request verifies per step (core/spec_policy.py): "adaptive" chooses 0 ..
+    # num_speculative_tokens from measured acceptance and step cost; "fixed" always num_speculative_tokens.
+    policy: str = "adaptive"
+    # method "suffix" (spec_decode/suffix.py), vLLM's keys: the longest context matched; how many finished
+    # requests' outputs stay in the global index (vLLM's default is 10000; each cached output token costs
+    # about 100 bytes per context length, so tandem keeps 256 unless asked); drafts at most this factor x the
+    # match length; drafting stops once the drafts' estimated probability falls below this.
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 256
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         if self.method not in _SPEC_METHODS:
@@ -60,6 +72,18 @@ class SpeculativeConfig:
                     f"speculative_config.prompt_lookup_min ({lo}) must not exceed "
                     f"prompt_lookup_max ({hi})"
                 )
+        positive("speculative_config.suffix_decoding_max_tree_depth", self.suffix_decoding_max_tree_depth)
+        n = self.suffix_decoding_max_cached_requests
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"speculative_config.suffix_decoding_max_cached_requests must be an integer >= 0, got {n!r}")
+        f = self.suffix_decoding_max_spec_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
+            raise ValueError(f"speculative_config.suffix_decoding_max_spec_factor must be a number > 0, got {f!r}")
+        p = self.suffix_decoding_min_token_prob
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+            raise ValueError(f"speculative_config.suffix_decoding_min_token_prob must be in [0, 1], got {p!r}")
+        if self.policy not in SPEC_POLICIES:
+            raise ValueError(f"speculative_config.policy must be one of {SPEC_POLICIES}, got {self.policy!r}")
         if self.draft_dtype is not None and self.draft_dtype not in _DRAFT_DTYPES:
             raise ValueError(f"speculative_config.draft_dtype must be one of {_DRAFT_DTYPES}")
         if self.draft_dtype == "int8" and self.method not in ("eagle", "eagle3", "mtp"):

@@ -258,7 +258,7 @@ ANSWERS: dict[str, Answer] = {
 
 
 _DRAFT = "the drafter runs beside the target, on its ranks, in its dtype (draft_dtype) and KV layout"
-_SPEC_SUFFIX = "tandem has no suffix decoding"
+_POLICY = "speculative_config.policy chooses drafts per request and step"
 
 # vLLM's speculative_config keys that are not tandem's own (SpeculativeConfig's fields are flags here).
 SPEC_ANSWERS: dict[str, Answer] = {
@@ -283,17 +283,13 @@ SPEC_ANSWERS: dict[str, Answer] = {
     "target_parallel_config": _default_only("set by vLLM itself"),
     "draft_model_config": _default_only("set by vLLM itself"),
     "draft_parallel_config": _default_only("set by vLLM itself"),
-    "num_speculative_tokens_per_batch_size": _default_only("every step drafts num_speculative_tokens"),
-    "enable_adaptive_verification": _default_only("every step verifies every draft"),
+    "num_speculative_tokens_per_batch_size": _default_only(_POLICY),
+    "enable_adaptive_verification": _default_only(_POLICY),
     "rejection_sample_method": _default_only("tandem's rejection sampler is the standard, distribution-exact one"),
     "draft_sample_method": _default_only("drafts are the drafter's argmax", "greedy"),
     "synthetic_acceptance_rates": _default_only("acceptance is the rejection sampler's, never synthetic"),
     "synthetic_acceptance_length": _default_only("acceptance is the rejection sampler's, never synthetic"),
     "dspark_draft_topk": _default_only(_DRAFT),
-    **{n: _default_only(_SPEC_SUFFIX) for n in (
-        "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
-        "suffix_decoding_min_token_prob",
-    )},
 }
 
 
@@ -386,9 +382,12 @@ def table() -> str:
     extra = sorted(set(ANSWERS) - {a["name"] for a in vllm_args()})
     for name in extra:
         rows.append(f"| `{name}` (older vLLM) | {ANSWERS[name].kind.replace('_', ' ')} | {ANSWERS[name].meaning} |")
-    rows += ["", "`speculative_config` keys (tandem's own: method, num_speculative_tokens, model, prompt_lookup_min, "
-             "prompt_lookup_max, draft_dtype, eagle3_layer_ids):", "",
-             "| key | answer | meaning in tandem |", "|---|---|---|"]
+    from tandem.speculative_config import SpeculativeConfig
+
+    own = [a["name"] for a in vllm_speculative_keys() if a["name"] not in SPEC_ANSWERS]
+    extra = [f for f in SpeculativeConfig.__dataclass_fields__ if f not in own]
+    rows += ["", f"`speculative_config` keys (tandem's own: {', '.join(own)}; tandem's alone: {', '.join(extra)}):",
+             "", "| key | answer | meaning in tandem |", "|---|---|---|"]
     for a in vllm_speculative_keys():
         ans = SPEC_ANSWERS.get(a["name"])
         if ans is not None:

@@ -56,8 +56,12 @@ class FakeRunner:
         draft_error_rate: float = 0.3,
         async_scheduling: bool = False,
         max_model_len: int = 1 << 30,
+        step_cost: tuple[float, float, float] | None = None,
     ) -> None:
         self.model = model
+        # (fixed, per token, per drafted token) seconds: the step times it reports, as a worker measures them.
+        self.step_cost = step_cost
+        self.num_drafted = 0  # draft tokens proposed, in all
         self.k = num_spec_tokens
         self.draft_error_rate = draft_error_rate
         self.async_scheduling = async_scheduling
@@ -65,9 +69,9 @@ class FakeRunner:
         self.state: dict[str, _ReqState] = {}
         self.steps = 0
 
-    def _propose(self, rid: str, st: _ReqState) -> list[int]:
+    def _propose(self, rid: str, st: _ReqState, k: int) -> list[int]:
         n_out = len(st.tokens) - st.num_prompt
-        limit = self.k
+        limit = k
         if st.params.max_tokens is not None:
             limit = min(limit, st.params.max_tokens - n_out - 1)
         limit = min(limit, self.max_model_len - len(st.tokens) - 1)
@@ -98,6 +102,8 @@ class FakeRunner:
                 seed=nr.seed,
             )
         req_ids, sampled, spec, valid = [], [], [], []
+        k = self.k if so.num_drafts_to_propose is None else so.num_drafts_to_propose
+        assert k <= self.k
         for rid, n in so.num_scheduled_tokens.items():
             st = self.state[rid]
             slots = so.scheduled_spec_decode_tokens.get(rid, [])
@@ -127,16 +133,23 @@ class FakeRunner:
                     break
             st.num_computed += len(out) - 1  # accepted drafts' KV is valid
             st.tokens.extend(out)
-            st.drafts = self._propose(rid, st) if self.k else []
+            st.drafts = self._propose(rid, st, k) if k else []
             sampled.append(out)
             spec.append(list(st.drafts))
             valid.append(n_valid)
-        return ModelRunnerOutput(
+        out = ModelRunnerOutput(
             req_ids=req_ids,
             sampled_token_ids=sampled,
             spec_token_ids=None if self.async_scheduling else spec,
             num_valid_drafts=valid,
         )
+        drafted = k * sum(1 for s in sampled if s) if self.k else 0
+        self.num_drafted += drafted
+        if self.step_cost is not None:
+            fixed, per_token, per_draft = self.step_cost
+            out.step_seconds = fixed + per_token * so.total_num_scheduled_tokens
+            out.propose_seconds, out.num_drafted = per_draft * drafted, drafted
+        return out
 
 
 class FakeExecutor(Executor):

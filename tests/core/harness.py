@@ -9,6 +9,7 @@ from tandem.core.async_scheduler import AsyncScheduler
 from tandem.core.interface import EngineCoreOutput
 from tandem.core.request import Request
 from tandem.core.scheduler import Scheduler
+from tandem.core.spec_policy import make_policy
 from tandem.engine.core import EngineCore
 from tandem.sampling_params import SamplingParams
 from tests.core.fake_runner import FakeExecutor, FakeModel, FakeRunner
@@ -37,6 +38,8 @@ def make_engine(
     model: FakeModel | None = None,
     draft_error_rate: float = 0.3,
     enable_chunked_prefill: bool = True,
+    spec_policy: str = "fixed",
+    step_cost: tuple[float, float, float] | None = None,
 ) -> tuple[EngineCore, FakeRunner]:
     cls = AsyncScheduler if async_scheduling else Scheduler
     sched = cls(
@@ -48,6 +51,7 @@ def make_engine(
         enable_prefix_caching=prefix_caching,
         num_speculative_tokens=k,
         enable_chunked_prefill=enable_chunked_prefill,
+        spec_policy=make_policy(spec_policy, k, "ngram") if k else None,
     )
     runner = FakeRunner(
         model or FakeModel(),
@@ -55,6 +59,7 @@ def make_engine(
         async_scheduling=async_scheduling,
         max_model_len=max_model_len,
         draft_error_rate=draft_error_rate,
+        step_cost=step_cost,
     )
     core = EngineCore(sched, FakeExecutor(runner), async_scheduling=async_scheduling,
                       debug_invariants=True)

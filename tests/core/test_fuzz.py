@@ -2,7 +2,8 @@
 
 Each scenario draws arrivals, prompt lengths, max_tokens, stop tokens, EOS, aborts, KV pressure (small
 pools force preemption), chunked prefill budgets and speculative accepted counts (k drafts with random
-corruption), then runs it with the sync scheduler and with the async scheduler (queue depth 2).
+corruption, as many verified as the fixed or the adaptive speculation policy chooses), then runs it with
+the sync scheduler and with the async scheduler (queue depth 2).
 Checked after every step (debug mode): every request and block-pool invariant. Checked at the end: every
 surviving request's tokens equal the sync run's and the model's own greedy continuation; each token is
 delivered exactly once and in order; one finish per request; all blocks free; no placeholder left.
@@ -56,6 +57,10 @@ def _scenario(rng: random.Random) -> dict:
         eos_rate=rng.choice([0.0, 0.02, 0.1]),
         draft_error_rate=rng.choice([0.0, 0.3, 0.8]),
         reqs=reqs,
+        # The speculation policy, and the step times the fake worker reports (fixed, per token, per draft):
+        # latency-bound (drafts pay), compute-bound (they do not), in between.
+        spec_policy=rng.choice(["fixed", "adaptive", "adaptive"]),
+        step_cost=rng.choice([(1e-2, 1e-4, 1e-5), (1e-3, 1e-3, 1e-4), (4e-3, 5e-4, 2e-4)]),
     )
 
 
@@ -72,6 +77,8 @@ def _run(sc: dict, async_scheduling: bool) -> tuple[dict[str, Delivered], set[st
         prefix_caching=sc["prefix_caching"],
         model=model,
         draft_error_rate=sc["draft_error_rate"],
+        spec_policy=sc["spec_policy"],
+        step_cost=sc["step_cost"],
     )
     pending = sorted(sc["reqs"], key=lambda r: r["arrival"])
     delivered: dict[str, Delivered] = {}
@@ -135,6 +142,7 @@ def test_fuzz_sync_vs_async(case):
                 assert got.finish_reason == reason and got.finishes == 1, (rid, sc)
             unconstrained = (
                 p1 == p2 == 0
+                and sc["spec_policy"] == "fixed"  # adaptive: async decides from statistics one step older
                 and not sync_aborted | async_aborted
                 and sc["max_num_batched_tokens"] >= sc["max_num_seqs"] * (sc["k"] + 1)
                 and len(r["prompt"]) + r["max_tokens"] + sc["k"] + 1 < sc["max_model_len"]

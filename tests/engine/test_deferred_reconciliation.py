@@ -41,8 +41,9 @@ def _run(spec, backend: str, arm: str) -> tuple[list, dict]:
 
 @pytest.mark.parametrize(
     "spec",
-    [None, {"method": "ngram", "num_speculative_tokens": 3},
-     {"method": "draft_model", "num_speculative_tokens": 2, "model": "smollm2-135m-instruct"}],
+    # The fixed policy: the arms' speculation statistics are compared too (the adaptive one decides per step).
+    [None, {"method": "ngram", "num_speculative_tokens": 3, "policy": "fixed"},
+     {"method": "draft_model", "num_speculative_tokens": 2, "model": "smollm2-135m-instruct", "policy": "fixed"}],
     ids=["none", "ngram", "draft"],
 )
 def test_arms_give_identical_outputs(spec):
@@ -51,7 +52,7 @@ def test_arms_give_identical_outputs(spec):
 
 
 def test_deferred_on_mp_executor():
-    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "policy": "fixed"}
     assert _run(spec, "mp", "C") == _run(spec, "uni", "A")
 
 

@@ -162,7 +162,8 @@ def test_gemma_shipped_draft_equals_no_spec_async_off_and_on() -> None:
 
     stats = spec_equals_reference(reference, PROMPTS, GREEDY, label="draft_model", min_identical=0,
                                   inspect=the_gemma_draft, model=GEMMA, **SMALL,
-                                  speculative_config={"method": "draft_model", "num_speculative_tokens": 3})
+                                  speculative_config={"method": "draft_model", "num_speculative_tokens": 3,
+                                                      "policy": "fixed"})
     assert stats[False] == stats[True]
 
 

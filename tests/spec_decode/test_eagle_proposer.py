@@ -104,11 +104,11 @@ def test_drafts_equal_recomputation_and_outputs_exact(setup: dict[str, Any], met
     for async_on in (False, True):
         # A small token budget forces chunked prefills (steps in which some requests do not sample).
         llm = LLM(str(model), max_num_seqs=4, async_scheduling=async_on, max_num_batched_tokens=32,
-                  speculative_config=spec | {"num_speculative_tokens": 3}, debug_invariants=True)
+                  speculative_config=spec | {"num_speculative_tokens": 3, "policy": "fixed"}, debug_invariants=True)
         records = _record(llm)
         got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
         assert got == expected
-        stats[async_on] = llm.spec_decode_stats()
+        stats[async_on] = {k: v for k, v in llm.spec_decode_stats().items() if k != "policy"}
         head = _runner(llm).proposer.head
         checked = 0
         for context, drafts in records[:: max(1, len(records) // 25)]:

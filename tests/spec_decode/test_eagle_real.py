@@ -1,6 +1,7 @@
 """The shipped EAGLE / EAGLE-3 / MTP drafters on the real default model, found without naming a file: greedy
-outputs equal no-spec (up to proven near-ties) on HumanEval prompts at concurrency 8, async off and on, with
-identical acceptance. CI runs a short version; set ``TANDEM_FULL_EAGLE_CHECK=1`` for the issue's 32 prompts
+outputs equal no-spec (up to proven near-ties) on HumanEval prompts at concurrency 8, async off and on, under
+the adaptive speculation policy (the default; tests/spec_decode/test_eagle_proposer.py checks acceptance is
+identical across async modes under the fixed one). CI runs a short version; set ``TANDEM_FULL_EAGLE_CHECK=1`` for the issue's 32 prompts
 (or run ``benchmarks/bench_eagle.py --mode equality``)."""
 
 from __future__ import annotations
@@ -40,4 +41,4 @@ def test_shipped_drafter_equals_no_spec(reference: list, method: str) -> None:
     stats = spec_equals_reference(reference, humaneval_prompts(N_PROMPTS), GREEDY, label=method,
                                   min_identical=N_PROMPTS - 2, max_num_seqs=8,
                                   speculative_config={"method": method, "num_speculative_tokens": 3})
-    assert stats[False] == stats[True]
+    assert stats[False]["num_accepted_tokens"] > 0 and stats[True]["num_accepted_tokens"] > 0

@@ -24,9 +24,9 @@ pytestmark = [
 MODEL = "gemma-3-270m"
 N_PROMPTS = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, logprobs=2, ignore_eos=True)
-METHODS = {
-    "ngram": {"method": "ngram", "num_speculative_tokens": 3},
-    "eagle3": {"method": "eagle3", "num_speculative_tokens": 3},
+METHODS = {  # fixed: every draft verified, so acceptance is comparable across async modes
+    "ngram": {"method": "ngram", "num_speculative_tokens": 3, "policy": "fixed"},
+    "eagle3": {"method": "eagle3", "num_speculative_tokens": 3, "policy": "fixed"},
 }
 ENGINE = {"model": MODEL, "max_num_seqs": 8, "max_model_len": 1024, "num_kv_blocks": 1536}  # 6 KV cache groups
 

@@ -14,10 +14,12 @@ pytestmark = pytest.mark.slow
 
 N_PROMPTS = 16  # was 32: halved to keep CI under its time limit
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, logprobs=2, ignore_eos=True)
+# "fixed": every draft verified, so acceptance (and seeded sampling) is the same with async off and on; the
+# adaptive policy (the default, shipped-draft here) decides from statistics one step older under async.
 METHODS = {
-    "ngram": {"method": "ngram", "num_speculative_tokens": 3},
+    "ngram": {"method": "ngram", "num_speculative_tokens": 3, "policy": "fixed"},
     "target-as-draft": {
-        "method": "draft_model", "num_speculative_tokens": 3, "model": "smollm2-135m-instruct",
+        "method": "draft_model", "num_speculative_tokens": 3, "model": "smollm2-135m-instruct", "policy": "fixed",
     },
     "shipped-draft": {"method": "draft_model", "num_speculative_tokens": 3},
 }
@@ -53,8 +55,9 @@ def test_spec_equals_no_spec_async_off_and_on(reference, name):
         sched = llm.engine.core.scheduler
         assert sched.kv.all_free() and not sched.requests
         llm.shutdown()
-    # Acceptance is a property of the drafts, not of the scheduling mode (vLLM #37150).
-    assert stats[False] == stats[True]
+    # Acceptance is a property of the drafts, not of the scheduling mode (vLLM #37150), for the same choice of k.
+    if METHODS[name].get("policy") == "fixed":
+        assert stats[False] == stats[True]
     if name == "target-as-draft":
         assert stats[True]["acceptance_rate"] == 1.0  # anything less is a bug
         assert stats[True]["mean_acceptance_length"] > 3.0

@@ -38,6 +38,7 @@ class AsyncScheduler(Scheduler):
         super()._update_after_schedule(out)
         if not self.num_spec_tokens:
             return
+        k = self.num_spec_tokens if out.num_drafts_to_propose is None else out.num_drafts_to_propose
         for rid in out.sampling_req_ids:
             # The runner proposes k drafts during this step; their values stay on the device.
-            self.requests[rid].spec_token_ids = [-1] * self.num_spec_tokens
+            self.requests[rid].spec_token_ids = [-1] * k

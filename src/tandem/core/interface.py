@@ -59,6 +59,9 @@ class SchedulerOutput:
     req_epochs: dict[str, int] = field(default_factory=dict)
     # Requests for which this step samples a token (their prompt is fully scheduled by this step).
     sampling_req_ids: set[str] = field(default_factory=set)
+    # Drafts the proposer makes during this step for the next one (the speculation policy's choice,
+    # 0 .. num_speculative_tokens); None: num_speculative_tokens.
+    num_drafts_to_propose: int | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -99,6 +102,11 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
     # Pooling runner: req_id -> the prompt's pooled hidden state, for requests whose prompt ended this step.
     pooled: dict[str, list[float]] = field(default_factory=dict)
+    # Measured by the worker (the speculation policy's cost model): the step's forward + sampling time, the
+    # proposer's time, and the draft tokens it drafted (sampling requests x drafts asked for). 0: not measured.
+    step_seconds: float = 0.0
+    propose_seconds: float = 0.0
+    num_drafted: int = 0
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:

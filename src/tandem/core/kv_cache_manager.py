@@ -119,6 +119,30 @@ class KVCacheManager:
         """Blocks one request of ``num_tokens`` holds at most, over every group (:func:`blocks_for_tokens`)."""
         return blocks_for_tokens(num_tokens, self.block_size, self.group_windows, self.lookback)
 
+    def check_fits(self, max_model_len: int) -> None:
+        """A request of ``max_model_len`` tokens must fit in the whole cache, or it could never finish."""
+        if self.blocks_for_request(max_model_len) > self.num_blocks:
+            raise ValueError(
+                f"max_model_len ({max_model_len}) is larger than the KV cache can hold ({self.num_blocks} blocks "
+                f"of {self.block_size} tokens; a request of max_model_len tokens needs "
+                f"{self.blocks_for_request(max_model_len)}): one request could never finish; lower "
+                "max_model_len or raise kv_cache_memory / num_kv_blocks"
+            )
+
+    def check_prompt(self, num_prompt_tokens: int, max_model_len: int) -> None:
+        """A prompt plus one output token must fit in the context and in the whole cache."""
+        if num_prompt_tokens >= max_model_len:
+            raise ValueError(
+                f"prompt is {num_prompt_tokens} tokens; max_model_len is {max_model_len} "
+                "(the prompt plus at least one output token must fit)"
+            )
+        need = self.blocks_for_request(num_prompt_tokens + 1)
+        if need > self.num_blocks:
+            raise ValueError(
+                f"prompt of {num_prompt_tokens} tokens needs {need} KV blocks but the whole KV cache "
+                f"has {self.num_blocks}; raise kv_cache_memory / num_kv_blocks"
+            )
+
     def num_blocks_held(self, req: Request) -> int:
         """Pool blocks ``req`` holds over every group (null entries aside)."""
         held = self._blocks.get(req.request_id, [])

@@ -28,6 +28,7 @@ from tandem.core.interface import (CachedRequestData, EngineCoreOutput, ModelRun
 from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.limits import draft_slots
 from tandem.core.request import InFlightStep, InvariantError, Request, RequestStatus
+from tandem.core.spec_policy import FixedPolicy
 from tandem.core.stats import SchedulerCounters
 from tandem.core.stop import check_stop
 
@@ -48,21 +49,17 @@ class Scheduler:
         num_lookahead_tokens: int = 0,
         kv_group_windows: tuple[int, ...] = (0,),
         enable_chunked_prefill: bool = True,
+        spec_policy: FixedPolicy | None = None,
     ) -> None:
         self.kv = KVCacheManager(num_kv_blocks, block_size, enable_prefix_caching, kv_group_windows,
                                  lookback=num_speculative_tokens + 1)
-        if self.kv.blocks_for_request(max_model_len) > self.kv.num_blocks:
-            raise ValueError(
-                f"max_model_len ({max_model_len}) is larger than the KV cache can hold "
-                f"({self.kv.num_blocks} blocks of {block_size} tokens; a request of max_model_len tokens needs "
-                f"{self.kv.blocks_for_request(max_model_len)}): one "
-                "request could never finish; lower max_model_len or raise kv_cache_memory / num_kv_blocks"
-            )
+        self.kv.check_fits(max_model_len)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.max_model_len = max_model_len
         self.num_spec_tokens = num_speculative_tokens
+        self.spec_policy = spec_policy or FixedPolicy(num_speculative_tokens)
         self.num_lookahead_tokens = num_lookahead_tokens
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -80,17 +77,7 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
-        if req.num_prompt_tokens >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {req.num_prompt_tokens} tokens; max_model_len is {self.max_model_len} "
-                "(the prompt plus at least one output token must fit)"
-            )
-        need = self.kv.blocks_for_request(req.num_prompt_tokens + 1)
-        if need > self.kv.num_blocks:
-            raise ValueError(
-                f"prompt of {req.num_prompt_tokens} tokens needs {need} KV blocks but the whole KV cache "
-                f"has {self.kv.num_blocks}; raise kv_cache_memory / num_kv_blocks"
-            )
+        self.kv.check_prompt(req.num_prompt_tokens, self.max_model_len)
         if req.max_model_len is None:
             req.max_model_len = self.max_model_len
         self.requests[req.request_id] = req
@@ -123,6 +110,7 @@ class Scheduler:
         cached_reqs: list[CachedRequestData] = []
         blocks_before: dict[str, tuple[int, list[int]]] = {}  # group 0's length, then groups 1..
         preempted_now = False
+        k_of = self._plan_drafts() if self.num_spec_tokens else {}
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -132,7 +120,7 @@ class Scheduler:
                 continue
             # Tokens up to the logical end (known tokens + in-flight placeholders), then the drafts.
             to_end = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
-            n_spec = self._max_draft_slots(req) if to_end == 1 and req.spec_token_ids else 0
+            n_spec = k_of.get(req.request_id, 0) if to_end == 1 else 0
             n_new = min(to_end + n_spec, budget, self.max_model_len - req.num_computed_tokens)
             if n_new <= 0:
                 i += 1
@@ -210,6 +198,7 @@ class Scheduler:
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             scheduled_spec_decode_tokens=spec_tokens,
+            num_drafts_to_propose=self.spec_policy.propose_k if self.num_spec_tokens else None,
         )
         if num_scheduled:
             # The runner learns what to forget with the next step it runs.
@@ -218,6 +207,13 @@ class Scheduler:
             self.counters.num_steps += 1
         self._update_after_schedule(out)
         return out
+
+    def _plan_drafts(self) -> dict[str, int]:
+        """Drafts to verify per decoding request, as the speculation policy chooses (core/spec_policy.py)."""
+        decode = [(r, self._max_draft_slots(r) if r.spec_token_ids else 0) for r in self.running
+                  if r.num_tokens + r.num_output_placeholders - r.num_computed_tokens == 1
+                  and self._can_schedule_running(r)]
+        return self.spec_policy.plan(decode)
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         """Advance C, promise placeholders, consume drafts, remember the step as in flight."""
@@ -229,6 +225,8 @@ class Scheduler:
             out.req_epochs[rid] = req.epoch
             if samples:
                 out.sampling_req_ids.add(rid)
+                if self.num_spec_tokens and n == n_drafts + 1:
+                    self.spec_policy.record(n_drafts)
             step = InFlightStep(out.step_id, n, n_drafts, samples)
             req.inflight.append(step)
             req.num_computed_tokens += n
@@ -281,6 +279,7 @@ class Scheduler:
         req.spec_token_ids = []
         req.inflight.clear()
         del self.requests[req.request_id]
+        self.spec_policy.forget(req.request_id)
         self._finished_for_runner.add(req.request_id)
         self._preempted_for_runner.discard(req.request_id)
         self.counters.num_finished += 1
@@ -290,6 +289,8 @@ class Scheduler:
         self, so: SchedulerOutput, out: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         index = {rid: i for i, rid in enumerate(out.req_ids)}
+        if self.num_spec_tokens:
+            self.spec_policy.observe_output(so, out)
         results: list[EngineCoreOutput] = []
         finished: list[Request] = []
         for rid in so.num_scheduled_tokens:
@@ -346,6 +347,7 @@ class Scheduler:
         if num_valid > 0 or num_invalid:  # (a step without drafts changes no statistic)
             req.spec_stats.observe(num_valid, num_accepted, num_invalid)
             self.counters.spec.observe(num_valid, num_accepted, num_invalid)
+            self.spec_policy.observe_drafts(req, num_valid, num_accepted)
         logprobs = out.logprobs[idx] if out.logprobs is not None and idx is not None else None
 
         new_tokens: list[int] = []

@@ -22,6 +22,7 @@ from tandem.config import EngineConfig
 from tandem.core.async_scheduler import AsyncScheduler
 from tandem.core.kv_cache_manager import kv_cache_groups, request_capacity
 from tandem.core.scheduler import Scheduler
+from tandem.core.spec_policy import make_policy
 from tandem.engine.core import EngineCore
 from tandem.engine.generation_defaults import generation_defaults
 from tandem.execution import ExecutionPlan, resolve_execution
@@ -315,6 +316,8 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         num_speculative_tokens=k,
         num_lookahead_tokens=lookahead,
         kv_group_windows=tuple(w for w, _ in kv_cache_groups(plan.args.layer_windows, plan.args.num_hidden_layers)),
+        spec_policy=(make_policy(config.speculative.policy, k, config.speculative.method)
+                     if config.speculative else None),
     )
     core = EngineCore(
         scheduler,

@@ -92,6 +92,9 @@ class EngineCore:
         with self.tracer.span("schedule", track="engine") as span:
             so = self.scheduler.schedule()
             span.args.update(step=so.step_id, reqs=len(so.num_scheduled_tokens), tokens=so.total_num_scheduled_tokens)
+            if so.num_drafts_to_propose is not None:  # the speculation policy's choice for this step
+                span.args.update(drafts=sum(map(len, so.scheduled_spec_decode_tokens.values())),
+                                 propose_k=so.num_drafts_to_propose)
         if self.debug_invariants:
             self.scheduler.check_invariants()  # also right after scheduling, with steps in flight
         return so

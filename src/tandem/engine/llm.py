@@ -78,7 +78,9 @@ class LLM:
         return collect_metrics(self._engine)
 
     def spec_decode_stats(self) -> dict[str, object]:
-        return self._engine.core.scheduler.counters.spec.as_dict()
+        """Acceptance counters, and the speculation policy's choices and estimates (``policy``)."""
+        sched = self._engine.core.scheduler
+        return {**sched.counters.spec.as_dict(), "policy": sched.spec_policy.as_dict()}
 
     def reset_spec_decode_stats(self) -> None:
         from tandem.core.stats import SpecDecodingStats

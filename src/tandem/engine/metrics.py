@@ -36,7 +36,31 @@ class Vector(Metric):
     kind: str = "vector"
 
 
-_CLASSES = {"counter": Counter, "gauge": Gauge, "vector": Vector}
+@dataclass(frozen=True)
+class Histogram(Metric):
+    """Observations of the values 0, 1, 2, ...: ``values[i]`` counts value i; ``value`` is the count."""
+
+    kind: str = "histogram"
+
+    @property
+    def count(self) -> int:
+        return int(self.value)
+
+    @property
+    def sum(self) -> float:
+        return float(sum(i * c for i, c in enumerate(self.values)))
+
+    @property
+    def buckets(self) -> dict[str, int]:
+        """Cumulative counts by upper bound, as vLLM's reader gives them."""
+        out, total = {}, 0.0
+        for i, c in enumerate(self.values):
+            total += c
+            out[str(i)] = int(total)
+        return out
+
+
+_CLASSES = {"counter": Counter, "gauge": Gauge, "vector": Vector, "histogram": Histogram}
 
 
 def collect_metrics(engine: Engine) -> list[Metric]:
@@ -65,6 +89,12 @@ def collect_metrics(engine: Engine) -> list[Metric]:
             float(sum(spec.accepted_per_pos)),
             "vector",
             values=tuple(float(v) for v in spec.accepted_per_pos),
+        ),
+        Metric(  # the speculation policy's choice: drafts scheduled per decode step of a request
+            "tandem:spec_decode_chosen_k",
+            float(sum(sched.spec_policy.chosen_k)),
+            "histogram",
+            values=tuple(float(v) for v in sched.spec_policy.chosen_k),
         ),
         Metric(
             "vllm:cache_config_info",

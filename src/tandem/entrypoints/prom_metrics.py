@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tandem.engine.async_llm import AsyncLLM
@@ -88,6 +88,7 @@ _HELP = {
     "vllm:spec_decode_num_accepted_tokens": "Draft tokens accepted.",
     "tandem:spec_decode_num_invalid_spec_tokens": "Draft tokens cut by a structured-output grammar.",
     "vllm:spec_decode_num_accepted_tokens_per_pos": "Draft tokens accepted, by draft position.",
+    "tandem:spec_decode_chosen_k": "Drafts the speculation policy scheduled per decode step of a request.",
     "tandem:async_scheduling_info": "The async scheduling decision: requested, resolved, reason.",
     "vllm:cache_config_info": "The KV cache's configuration, as labels.",
 }
@@ -108,6 +109,11 @@ class _EngineCollector(Collector):
                 for pos, value in enumerate(m.values):
                     vec.add_metric([*values, str(pos)], value)
                 yield vec
+            elif m.kind == "histogram":  # the values 0, 1, ... counted
+                hist = HistogramMetricFamily(m.name, doc, labels=names)
+                cumulative = [(str(float(i)), float(c)) for i, c in getattr(m, "buckets").items()]
+                hist.add_metric(values, [*cumulative, ("+Inf", m.value)], getattr(m, "sum"))
+                yield hist
             elif m.kind == "counter":
                 counter = CounterMetricFamily(m.name, doc, labels=names)
                 counter.add_metric(values, m.value)

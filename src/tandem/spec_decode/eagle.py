@@ -244,8 +244,8 @@ class DraftHeadProposer(Proposer):
         ids = dev.tokens[row_slot, (batch.positions + 1).clamp(max=dev.trash)]
         feat = self.head.target_feature(inp.hidden_states, self.aux_hidden_layers)
         hidden = self._head(ids, feat, batch.positions, batch.attn_metadata)
-        if n_req == 0:
-            return torch.full((0, k), -1, dtype=torch.int64, device=device)
+        if n_req == 0 or inp.num_drafts == 0:  # only the head's KV kept current
+            return torch.full((n_req, k), -1, dtype=torch.int64, device=device)
         # 2. Chain from the last accepted row of each sampling request.
         accepted = (inp.sampled >= 0).sum(dim=1) - 1
         rows = torch.tensor([r[0] for r in inp.sample_rows], device=device) + accepted
@@ -253,13 +253,13 @@ class DraftHeadProposer(Proposer):
         tok = self.head.draft_tokens(h)
         out = torch.full((n_req, k), -1, dtype=torch.int64, device=device)
         out[:, 0] = tok
-        if k > 1:
+        if inp.num_drafts > 1:
             pos0 = batch.positions.index_select(0, rows)
             tables = dev.block_table.index_select(0, inp.slots)
             # Host upper bound of each start row's position + 1 (exact unless the step is unreconciled).
             upper = [batch.seq_lens[s] for s in seg_of_req]
             chain = self._chain_slots(pos0, tables, max(upper) + k - 1, inp.max_drafts)
-            for j in range(1, k):
+            for j in range(1, inp.num_drafts):
                 cb = ForwardBatch(
                     input_ids=tok,
                     positions=chain.positions[j - 1],

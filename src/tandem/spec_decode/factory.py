@@ -10,8 +10,9 @@ from tandem.spec_decode.proposer import Proposer
 
 def proposer_classes() -> dict[str, type[Proposer]]:
     from tandem.spec_decode.ngram import NgramProposer
+    from tandem.spec_decode.suffix import SuffixProposer
 
-    classes: dict[str, type[Proposer]] = {NgramProposer.method: NgramProposer}
+    classes: dict[str, type[Proposer]] = {NgramProposer.method: NgramProposer, SuffixProposer.method: SuffixProposer}
     try:
         from tandem.spec_decode.draft_model import DraftModelProposer
 

@@ -42,12 +42,14 @@ class ProposeInput:
     slots: torch.Tensor  # [B] slots of the input batch
     input_batch: InputBatch  # tokens / num_tokens already include this step's accepted + bonus tokens
     sampled: torch.Tensor  # [B, K+1] this step's tokens, -1 padded
-    max_drafts: torch.Tensor  # [B] exact cap per request (max_tokens / max_model_len), device
+    max_drafts: torch.Tensor  # [B] exact cap per request (max_tokens / max_model_len / num_drafts), device
     batch: ForwardBatch  # the target step's batch
     # Target hidden states (EAGLE / MTP read them), keyed by layer id (-1 = final normed output); rows of
     # the flat batch, see ``sample_rows``.
     hidden_states: dict[int, torch.Tensor]
     sample_rows: list[list[int]]
+    # Drafts asked for this time (the speculation policy's choice, <= k); 0: only keep a drafter's KV current.
+    num_drafts: int
     # Requests that advanced this step without sampling (prefill chunks): drafters with their own KV
     # catch up on them so a prefix cached later is valid for the draft too.
     prefill_states: list[RequestState] = field(default_factory=list)
@@ -126,7 +128,7 @@ class OnHost(Proposer):
         inp.apply_tokens(lists)
         inp.tokens_applied = True
         inp.num_accepted = [len(t) - 1 for t in lists]
-        inp.max_drafts_host = [st.max_drafts(self.k, self.max_model_len) for st in inp.states]
+        inp.max_drafts_host = [min(st.max_drafts(self.k, self.max_model_len), inp.num_drafts) for st in inp.states]
         drafts = self.inner.propose(inp)
         assert isinstance(drafts, list)
         k = self.k

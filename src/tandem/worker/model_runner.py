@@ -31,7 +31,7 @@ from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.input_batch import InputBatch
 from tandem.worker.input_prep import RequestPlan, StepInputs, prepare_inputs
-from tandem.worker.pending import PendingStep, PromptLogprobs
+from tandem.worker.pending import PendingStep, PromptLogprobs, StepTimer
 from tandem.worker.pooler import Pooler
 
 
@@ -128,6 +128,7 @@ class ModelRunner:
 
     def _execute(self, so: SchedulerOutput) -> PendingStep:
         tr = self.tracer
+        timer = StepTimer(self.device)  # the speculation policy's cost model reads the step's times
         with tr.span("prepare_inputs", track="device", step=so.step_id):
             self._update_states(so)
             if not so.num_scheduled_tokens or (self.abandoned and self._only_abandoned(so)):
@@ -160,10 +161,14 @@ class ModelRunner:
                 sampled, lp, num_valid, num_invalid = self._sample(step, sampling, logits)
                 span.args["drafts"] = sum(num_valid)
         self._commit_on_device(step, sampled)
+        timer.mark()
         drafts, applied = None, False
+        # Drafts asked for the next step (the speculation policy's choice).
+        k_step = self.k if so.num_drafts_to_propose is None else min(self.k, so.num_drafts_to_propose)
         # A drafter with its own KV (EAGLE / MTP) also sees steps where no request samples.
         if self.k and (sampling or self.proposer.needs_prefill_steps):  # type: ignore[union-attr]
-            drafts, applied = self._propose(so.step_id, step, sampled, fwd)
+            drafts, applied = self._propose(so.step_id, step, sampled, fwd, k_step)
+        timer.mark()
         pending = PendingStep(
             step_id=so.step_id,
             req_ids=[p.req_id for p in step.plans],
@@ -177,6 +182,8 @@ class ModelRunner:
             send_drafts=not self.async_scheduling and self.k > 0,
             tokens_applied=applied,
             pooled=pooled,
+            timer=timer,
+            num_drafted=len(sampling) * k_step if drafts is not None else 0,
         )
         if self.deferred:
             self._pending = pending  # reconciled after the next step's forward is launched
@@ -318,14 +325,18 @@ class ModelRunner:
                     p.state.drafts = d
 
     def _propose(
-        self, step_id: int, step: StepInputs, sampled: torch.Tensor, fwd: object
+        self, step_id: int, step: StepInputs, sampled: torch.Tensor, fwd: object, k_step: int
     ) -> tuple[torch.Tensor, bool]:
-        """Next drafts [B, k] (-1 padded) on the device; True when the proposer already applied this step's
-        tokens to the host records (a host-side drafter, ``OnHost``)."""
+        """Next drafts [B, k] (-1 padded, at most ``k_step`` each) on the device; True when the proposer
+        already applied this step's tokens to the host records (a host-side drafter, ``OnHost``)."""
         assert self.proposer is not None
         plans = step.sampling
-        with self.tracer.span("propose", track="device", step=step_id, reqs=len(plans)):
+        with self.tracer.span("propose", track="device", step=step_id, reqs=len(plans), k=k_step):
             slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=self.device)
+            if k_step == 0 and not self.proposer.needs_prefill_steps:
+                drafts = torch.full((len(plans), self.k), -1, dtype=torch.int64, device=self.device)
+                self.batch.set_drafts(slots, drafts)  # no drafts this time; a drafter's KV catches up later
+                return drafts, False
             hidden = {-1: fwd.hidden_states}  # type: ignore[attr-defined]
             for layer, h in zip(self.proposer.aux_hidden_layers, fwd.aux_hidden_states):  # type: ignore[attr-defined]
                 hidden[layer] = h
@@ -334,7 +345,8 @@ class ModelRunner:
                 slots=slots,
                 input_batch=self.batch,
                 sampled=sampled,
-                max_drafts=self._max_drafts(plans, slots),
+                max_drafts=self._max_drafts(plans, slots, k_step),
+                num_drafts=k_step,
                 batch=step.batch,
                 hidden_states=hidden,
                 sample_rows=[p.sample_rows for p in plans],
@@ -347,10 +359,10 @@ class ModelRunner:
             self.batch.set_drafts(slots, drafts)
         return drafts, inp.tokens_applied
 
-    def _max_drafts(self, plans: list[RequestPlan], slots: torch.Tensor) -> torch.Tensor:
-        """Exact per-request draft cap on the device: never past max_tokens or max_model_len."""
+    def _max_drafts(self, plans: list[RequestPlan], slots: torch.Tensor, k_step: int) -> torch.Tensor:
+        """Exact per-request draft cap on the device: never past max_tokens, max_model_len or ``k_step``."""
         n_tokens = self.batch.num_tokens.index_select(0, slots)
         prompt = torch.tensor([p.state.num_prompt_tokens for p in plans], device=self.device)
         max_tok = torch.tensor([p.state.sampling_params.max_tokens or UNBOUNDED for p in plans], device=self.device)
         left = remaining_tokens(n_tokens, prompt, max_tok, self.max_model_len, minimum=torch.minimum)
-        return (left - 1).clamp(min=0, max=self.k)
+        return (left - 1).clamp(min=0, max=k_step)

@@ -1,0 +1,140 @@
+"""The speculation policy under load: no speculation vs each method with the ``fixed`` and the ``adaptive``
+policy, served by ``tandem serve`` and driven by ``tandem bench serve`` at several concurrencies and
+temperatures. One server per arm, all started first (an idle server uses no CPU); at every point (temperature,
+concurrency) the arms run one after another in an order that rotates from point to point, so a slow spell of
+the machine falls on every arm alike.
+
+    python benchmarks/bench_spec_policy.py                                   # defaults below
+    python benchmarks/bench_spec_policy.py --concurrency 1 4 16 32 --temperatures 0 0.7 1.0 \\
+        --methods ngram eagle3 --num-prompts 32 --output-len 64
+
+Writes ``benchmarks/results/spec_policy.json`` (every run's ``bench serve`` result), a Markdown table
+(output tok/s and the ratio to no speculation at each point) and a plot ``spec_policy.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_serve import start_server, stop_server  # noqa: E402
+
+
+def arms(methods: list[str], k: int) -> dict[str, list[str]]:
+    out = {"nospec": []}
+    for m in methods:
+        for policy in ("fixed", "adaptive"):
+            cfg = {"method": m, "num_speculative_tokens": k, "policy": policy}
+            out[f"{m}_{policy}"] = ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
+    return out
+
+
+def cpu_kind() -> str:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    isa = "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else platform.machine()
+    return f"{os.cpu_count()} CPUs, {isa}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
+    ap.add_argument("--methods", nargs="+", default=["ngram", "eagle3"])
+    ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--server-flags", default="--max-num-seqs 64", help="extra `tandem serve` flags")
+    ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
+    ns = ap.parse_args()
+    out_dir = Path(ns.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="tandem-bench-policy-"))
+    table = arms(ns.methods, ns.k)
+    servers, commands = {}, []
+    try:
+        for i, (arm, extra) in enumerate(table.items()):
+            print(f"[{i + 1}/{len(table)}] starting the {arm} server", flush=True)
+            proc, url, cmd = start_server([*shlex.split(ns.server_flags), *extra], logs / f"{arm}.log")
+            servers[arm] = (proc, url)
+            commands.append(shlex.join(cmd))
+        points = [(t, c) for t in ns.temperatures for c in ns.concurrency]
+        runs, names = [], list(table)
+        total = len(points) * len(names)
+        for p, (temp, conc) in enumerate(points):
+            order = names[p % len(names):] + names[: p % len(names)]
+            for arm in order:
+                result = Path(tempfile.mkstemp(suffix=".json", dir=logs)[1])
+                bench = ["tandem", "bench", "serve", "--base-url", servers[arm][1], "--dataset-name", "humaneval",
+                         "--num-prompts", str(ns.num_prompts), "--random-output-len", str(ns.output_len),
+                         "--max-concurrency", str(conc), "--temperature", str(temp), "--seed", "0",
+                         "--result-file", str(result), "--disable-tqdm"]
+                if p == 0 and arm == order[0]:
+                    commands.append(shlex.join(bench).replace(servers[arm][1], "http://127.0.0.1:PORT"))
+                subprocess.run([sys.executable, "-m", "tandem.entrypoints.cli", *bench[1:]], check=True,
+                               stdout=subprocess.DEVNULL)
+                doc = json.loads(result.read_text())
+                runs.append({"arm": arm, "temperature": temp, "concurrency": conc, "result": doc})
+                print(f"[{len(runs)}/{total}] T={temp} c={conc} {arm}: {doc['output_throughput']:.1f} tok/s",
+                      flush=True)
+    finally:
+        for proc, _ in servers.values():
+            stop_server(proc)
+    meta = {"cpu": cpu_kind(), "commands": commands, "num_prompts": ns.num_prompts, "output_len": ns.output_len}
+    (out_dir / "spec_policy.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
+    summary = report(runs, list(table), ns)
+    (out_dir / "spec_policy.md").write_text(summary + "\n")
+    print(summary)
+    plot(runs, list(table), ns, out_dir / "spec_policy.png")
+    return 0
+
+
+def _tput(runs: list[dict], arm: str, temp: float, conc: int) -> float:
+    return next(r["result"]["output_throughput"] for r in runs
+                if r["arm"] == arm and r["temperature"] == temp and r["concurrency"] == conc)
+
+
+def report(runs: list[dict], names: list[str], ns: argparse.Namespace) -> str:
+    lines = ["| temperature | concurrency | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for temp in ns.temperatures:
+        for conc in ns.concurrency:
+            base = _tput(runs, "nospec", temp, conc)
+            cells = []
+            for arm in names:
+                v = _tput(runs, arm, temp, conc)
+                cells.append(f"{v:.1f}" if arm == "nospec" else f"{v:.1f} ({v / base:.2f}x)")
+            lines.append(f"| {temp} | {conc} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], names: list[str], ns: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(ns.temperatures), figsize=(5 * len(ns.temperatures), 4), sharey=True)
+    axes = axes if len(ns.temperatures) > 1 else [axes]
+    for ax, temp in zip(axes, ns.temperatures):
+        for arm in names[1:]:
+            ratios = [_tput(runs, arm, temp, c) / _tput(runs, "nospec", temp, c) for c in ns.concurrency]
+            ax.plot(ns.concurrency, ratios, marker="o", linestyle="-" if "adaptive" in arm else "--", label=arm)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(f"temperature {temp}")
+    axes[0].set_ylabel("output tok/s / no speculation")
+    axes[-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

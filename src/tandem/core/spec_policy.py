@@ -1,0 +1,242 @@
+"""The speculation policy: how many drafts each request verifies this step, and how many the proposer drafts
+for the next one. Pure Python, no torch.
+
+Decisions read *confirmed* statistics only — accepted counts the scheduler has committed and step times the
+worker measured for steps already back — so async scheduling (which schedules before the previous step
+returns) sees the same kind of information as sync, one step older.
+
+``fixed`` verifies every draft the proposer made (``num_speculative_tokens``; the behaviour before the
+policy, kept for A/B). ``adaptive`` (the default) maximizes the step's expected goodput — output tokens per
+second — from two estimates:
+
+- **acceptance**: per request and draft position j, the probability that draft j is accepted given drafts
+  1 .. j-1 were (an exponentially weighted average of what verification returned), started from a global
+  estimate for the request's temperature class (greedy / up to 0.8 / above), itself learned from every
+  request and started from the method's prior. Draft j of a request is worth ``g = a_1 * ... * a_j``
+  expected tokens.
+- **cost**: a decode step of ``n`` logits rows (one per request plus one per verified draft) takes
+  ``fixed + per_row * n`` seconds, fitted by exponentially forgetting least squares over decode-only steps
+  (prefill chunks excluded); drafting costs ``per_draft`` seconds a drafted token (the proposer's measured
+  time over the tokens it drafted: an over-estimate for drafters with a per-step fixed part, so the policy
+  errs towards fewer drafts).
+
+A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B`` seconds without drafts.
+Draft slots are bought best first (largest ``g``) while ``g / (per_row + per_draft)`` beats the step's
+running tokens per second: the set that maximizes the expected rate under a linear cost. When drafts do not
+pay — the batch is compute-bound, acceptance is low — every request gets ``k = 0`` and the proposer is not
+run (a drafter with its own KV still keeps it current). Until the cost is fitted every draft is verified
+(the fixed behaviour, measured). The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
+steps (more often before the first fit) one step does the opposite of the choice — no drafts, or all of
+them (drafted in that step, verified in the next) — so the estimate never freezes.
+
+A request with a seed and a temperature is never varied: the random numbers it consumes depend on its k, and
+a seed promises reproducible outputs (greedy requests are the same whatever k is).
+
+Acceptance statistics count drafts actually verified (a slot the policy did not schedule is not a
+rejection), so ``acceptance_rate`` stays honest under any k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
+from tandem.core.request import Request
+
+POLICIES = ("adaptive", "fixed")
+# Prior conditional acceptance per draft position, by method, before anything is measured.
+METHOD_PRIOR = {"ngram": 0.5, "suffix": 0.5, "draft_model": 0.6, "eagle": 0.6, "eagle3": 0.6, "mtp": 0.6}
+REQUEST_WEIGHT = 0.25  # EWMA weight of one verification in a request's own estimate
+GLOBAL_WEIGHT = 0.03  # ... in its temperature class's estimate
+COST_DECAY = 0.97  # forgetting factor of the step-cost fit (about 30 steps of memory)
+EXPLORE_EVERY = 64
+MIN_FIT_STEPS = 4
+TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
+
+
+def _seeded(req: Request) -> bool:
+    return req.sampling_params.seed is not None and req.sampling_params.temperature >= 1e-5
+
+
+def temperature_class(temperature: float) -> int:
+    return 0 if temperature < 1e-5 else 1 if temperature <= 0.8 else 2
+
+
+@dataclass
+class StepCost:
+    """``seconds = fixed + per_row * rows`` for decode steps, by exponentially forgetting least squares;
+    ``per_draft`` seconds per drafted token."""
+
+    n: float = 0.0  # weighted count, and the weighted sums below
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    steps: int = 0
+    per_draft: float = 0.0
+    fixed: float = 0.0
+    per_row: float = 0.0
+
+    def observe(self, rows: int, seconds: float) -> None:
+        d = COST_DECAY
+        self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + rows, d * self.sy + seconds
+        self.sxx, self.sxy = d * self.sxx + rows * rows, d * self.sxy + rows * seconds
+        self.steps += 1
+        if self.fitted:
+            mean_x, mean_y = self.sx / self.n, self.sy / self.n
+            var = self.sxx / self.n - mean_x * mean_x
+            slope = (self.sxy / self.n - mean_x * mean_y) / var
+            self.per_row = max(slope, 1e-3 * mean_y / max(mean_x, 1.0))  # noise never makes rows free
+            self.fixed = max(mean_y - self.per_row * mean_x, 0.0)
+
+    def observe_drafting(self, drafted: int, seconds: float) -> None:
+        if drafted > 0:
+            per = seconds / drafted
+            self.per_draft = per if self.per_draft == 0.0 else 0.8 * self.per_draft + 0.2 * per
+
+    @property
+    def spread(self) -> float:
+        """Relative spread of the rows seen (std / mean): the fit needs steps of different sizes."""
+        if self.n <= 0:
+            return 0.0
+        mean = self.sx / self.n
+        return max(self.sxx / self.n - mean * mean, 0.0) ** 0.5 / max(mean, 1e-9)
+
+    @property
+    def fitted(self) -> bool:
+        return self.steps >= MIN_FIT_STEPS and self.spread >= 0.05
+
+    def as_dict(self) -> dict[str, float | int | bool]:
+        return {"fitted": self.fitted, "fixed_s": self.fixed, "per_row_s": self.per_row,
+                "per_draft_s": self.per_draft, "steps": self.steps}
+
+
+class FixedPolicy:
+    """Every available draft is verified; the proposer always drafts ``k``."""
+
+    name = "fixed"
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.propose_k = k
+        self.chosen_k = [0] * (k + 1)  # decode request-steps by drafts scheduled
+        self.num_exploration_steps = 0
+
+    def plan(self, decode: list[tuple[Request, int]]) -> dict[str, int]:
+        """Drafts to verify per request this step; ``decode``: (request, drafts available within its limits)
+        for every request that decodes this step. Sets ``propose_k``: the drafts made during this step."""
+        return {req.request_id: cap for req, cap in decode}
+
+    def record(self, num_drafts: int) -> None:
+        """A decode step of one request was scheduled with ``num_drafts`` drafts."""
+        self.chosen_k[min(num_drafts, self.k)] += 1
+
+    def observe_drafts(self, req: Request, num_valid: int, num_accepted: int) -> None:
+        """Verification of ``num_valid`` drafts of ``req`` accepted ``num_accepted``."""
+
+    def observe_output(self, so: SchedulerOutput, out: ModelRunnerOutput) -> None:
+        """A step came back: its measured times feed the cost model."""
+
+    def forget(self, request_id: str) -> None:
+        """The request is gone."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"policy": self.name, "chosen_k": list(self.chosen_k),
+                "num_exploration_steps": self.num_exploration_steps}
+
+
+class AdaptivePolicy(FixedPolicy):
+    name = "adaptive"
+
+    def __init__(self, k: int, method: str) -> None:
+        super().__init__(k)
+        prior = METHOD_PRIOR.get(method, 0.5)
+        self.by_class = [[prior] * k for _ in TEMPERATURE_CLASSES]
+        self.by_request: dict[str, list[float]] = {}
+        self.cost = StepCost()
+        self._since_explore = 0
+        self._verify_all_next = False  # exploring: drafts were asked for the next step, which verifies them all
+
+    def _alpha(self, req: Request) -> list[float]:
+        own = self.by_request.get(req.request_id)
+        return own if own is not None else self.by_class[temperature_class(req.sampling_params.temperature)]
+
+    def _allocate(self, decode: list[tuple[Request, int]]) -> list[int]:
+        """Drafts per request (up to its limit) maximizing expected tokens per second."""
+        cost = self.cost
+        slot_cost = cost.per_row + cost.per_draft
+        tokens, seconds = float(len(decode)), cost.fixed + cost.per_row * len(decode)
+        cands = []
+        for i, (req, limit) in enumerate(decode):
+            g = 1.0
+            for j, a in enumerate(self._alpha(req)[:limit]):
+                g *= a
+                cands.append((-g, j, i))
+        cands.sort()  # best first; a request's slots in order (g falls with j)
+        chosen = [0] * len(decode)
+        for neg_g, _, i in cands:
+            if -neg_g * seconds <= tokens * slot_cost:
+                break
+            tokens, seconds = tokens - neg_g, seconds + slot_cost
+            chosen[i] += 1
+        return chosen
+
+    def plan(self, decode: list[tuple[Request, int]]) -> dict[str, int]:
+        if not decode:
+            return {}
+        # Limits without the drafts' availability: what is worth drafting now for the next step.
+        limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
+        full = [lim for _, lim in limits]
+        want = self._allocate(limits) if self.cost.fitted else full
+        self._since_explore += 1
+        due = self._since_explore >= (EXPLORE_EVERY if self.cost.fitted else MIN_FIT_STEPS)
+        if self._verify_all_next:
+            self._verify_all_next, want = False, full
+        elif due and self.cost.steps >= MIN_FIT_STEPS:
+            self._since_explore = 0
+            self.num_exploration_steps += 1
+            if any(want):
+                want = [0] * len(decode)  # one step without drafts ...
+            else:
+                self._verify_all_next, want = True, full  # ... or drafts now, all verified next step
+        # A seed asks for reproducible outputs: which random numbers a sampled request consumes depends on its
+        # k, so a seeded one is never varied (every draft, as under "fixed").
+        want = [lim if _seeded(req) else w for (req, lim), w in zip(limits, want)]
+        self.propose_k = max(want)
+        return {req.request_id: min(w, cap) for (req, cap), w in zip(decode, want)}
+
+    def observe_drafts(self, req: Request, num_valid: int, num_accepted: int) -> None:
+        if num_valid <= 0:
+            return
+        cls = self.by_class[temperature_class(req.sampling_params.temperature)]
+        own = self.by_request.get(req.request_id)
+        if own is None:
+            own = self.by_request[req.request_id] = list(cls)
+        for j in range(min(num_accepted + 1, num_valid, self.k)):
+            hit = 1.0 if j < num_accepted else 0.0
+            own[j] += REQUEST_WEIGHT * (hit - own[j])
+            cls[j] += GLOBAL_WEIGHT * (hit - cls[j])
+
+    def observe_output(self, so: SchedulerOutput, out: ModelRunnerOutput) -> None:
+        if out.step_seconds <= 0.0:
+            return  # not measured (a step that computed nothing)
+        spec, sampling = so.scheduled_spec_decode_tokens, so.sampling_req_ids
+        # Decode-only steps (every request: one token plus its drafts) fit the cost of a logits row.
+        if all(n == 1 + len(spec.get(r, ())) and r in sampling for r, n in so.num_scheduled_tokens.items()):
+            self.cost.observe(so.total_num_scheduled_tokens, out.step_seconds)
+        self.cost.observe_drafting(out.num_drafted, out.propose_seconds)
+
+    def forget(self, request_id: str) -> None:
+        self.by_request.pop(request_id, None)
+
+    def as_dict(self) -> dict[str, object]:
+        out = super().as_dict()
+        out["cost"] = self.cost.as_dict()
+        out["acceptance_by_temperature"] = {name: list(a) for name, a in zip(TEMPERATURE_CLASSES, self.by_class)}
+        return out
+
+
+def make_policy(name: str, k: int, method: str) -> FixedPolicy:
+    if name not in POLICIES:
+        raise ValueError(f"speculative_config.policy must be one of {POLICIES}, got {name!r}")
+    return AdaptivePolicy(k, method) if name == "adaptive" else FixedPolicy(k)

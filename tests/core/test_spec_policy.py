@@ -1,0 +1,148 @@
+"""The speculation policy (core/spec_policy.py): its cost fit, its choice of drafts, and the engine driven by it
+over the scripted fake runner, sync and async — ledgers exact, outputs the model's own, statistics honest."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tandem.core.spec_policy import EXPLORE_EVERY, AdaptivePolicy, FixedPolicy, StepCost, make_policy
+from tandem.speculative_config import SpeculativeConfig
+from tests.core.harness import make_engine, make_request, run_to_completion
+
+LATENCY_BOUND = (10e-3, 0.1e-3, 0.01e-3)  # fixed, per token, per drafted token (seconds): drafts nearly free
+COMPUTE_BOUND = (1e-3, 1e-3, 0.1e-3)  # every row costs as much as the whole fixed part
+
+
+def _fitted(fixed: float, per_row: float, per_draft: float = 0.0) -> StepCost:
+    cost = StepCost()
+    for rows in (4, 8, 16, 32, 4, 8):
+        cost.observe(rows, fixed + per_row * rows)
+    cost.observe_drafting(10, 10 * per_draft)
+    return cost
+
+
+def test_cost_fit_recovers_the_line_and_needs_spread():
+    rng = random.Random(0)
+    cost = StepCost()
+    for _ in range(200):
+        rows = rng.choice([8, 16, 32, 64])
+        cost.observe(rows, 0.004 + 0.0005 * rows + rng.gauss(0, 1e-5))
+    assert cost.fitted
+    assert cost.fixed == pytest.approx(0.004, rel=0.02) and cost.per_row == pytest.approx(0.0005, rel=0.02)
+    same = StepCost()
+    for _ in range(20):
+        same.observe(8, 0.01)
+    assert not same.fitted  # one size only: the slope is unknown
+
+
+class _Req:
+    def __init__(self, rid: str, temperature: float = 0.0, remaining: int = 100, seed: int | None = None) -> None:
+        self.request_id = rid
+        self.sampling_params = type("P", (), {"temperature": temperature, "seed": seed})()
+        self._remaining = remaining
+
+    def remaining_tokens(self) -> int:
+        return self._remaining
+
+
+def _policy(k: int, fixed: float, per_row: float, per_draft: float = 0.0) -> AdaptivePolicy:
+    pol = AdaptivePolicy(k, "eagle3")
+    pol.cost = _fitted(fixed, per_row, per_draft)
+    pol._since_explore = -10_000  # no exploration step in these decisions
+    return pol
+
+
+def test_latency_bound_single_stream_takes_every_draft():
+    pol = _policy(3, 10e-3, 0.1e-3)
+    assert pol.plan([(_Req("a"), 3)]) == {"a": 3} and pol.propose_k == 3
+
+
+def test_compute_bound_batch_takes_none_and_asks_for_none():
+    pol = _policy(3, 1e-3, 1e-3)
+    decode = [(_Req(f"r{i}"), 3) for i in range(32)]
+    assert set(pol.plan(decode).values()) == {0} and pol.propose_k == 0
+
+
+def test_a_seeded_sampled_request_is_never_varied():
+    pol = _policy(3, 1e-3, 1e-3)
+    decode = [(_Req(f"r{i}"), 3) for i in range(32)]
+    decode += [(_Req("seeded", temperature=0.8, seed=7), 2), (_Req("seeded-greedy", seed=7), 3)]
+    k = pol.plan(decode)
+    assert k["seeded"] == 2 and k["seeded-greedy"] == 0 and k["r0"] == 0 and pol.propose_k == 3
+
+
+def test_per_request_choice_follows_acceptance_and_limits():
+    pol = _policy(3, 4e-3, 0.5e-3)
+    good, bad, short = _Req("good"), _Req("bad"), _Req("short", remaining=2)
+    for _ in range(30):
+        pol.observe_drafts(good, 3, 3)
+        pol.observe_drafts(bad, 3, 0)
+        pol.observe_drafts(short, 3, 3)
+    decode = [(good, 3), (bad, 3), (short, 1)] + [(_Req(f"x{i}"), 3) for i in range(8)]
+    k = pol.plan(decode)
+    assert k["good"] == 3 and k["bad"] == 0 and k["short"] == 1  # short: one token of room left for drafts
+    # Available drafts bound this step's choice; the proposal for the next step asks for what pays.
+    assert pol.plan([(good, 1), (bad, 3)])["good"] == 1 and pol.propose_k == 3
+
+
+def test_acceptance_estimates_are_per_temperature_class():
+    pol = AdaptivePolicy(2, "ngram")
+    hot = _Req("hot", temperature=1.0)
+    for _ in range(200):
+        pol.observe_drafts(hot, 2, 0)
+    assert pol.by_class[2][0] < 0.05 and pol.by_class[0] == [0.5, 0.5]  # greedy untouched
+    assert pol.by_request["hot"][1] == 0.5  # position 2 never verified after a rejection at 1
+
+
+def test_explores_until_the_cost_is_fitted():
+    pol = AdaptivePolicy(3, "ngram")
+    decode = [(_Req(f"r{i}"), 3) for i in range(4)]
+    seen = set()
+    for _ in range(2 * EXPLORE_EVERY):
+        k = pol.plan(decode)
+        rows = len(decode) + sum(k.values())
+        seen.add(rows)
+        pol.cost.observe(rows, 1e-3 + 1e-3 * rows)
+    assert pol.cost.fitted and len(seen) >= 2 and pol.num_exploration_steps >= 1
+
+
+def test_config_and_factory():
+    assert SpeculativeConfig("ngram", 3).policy == "adaptive"
+    with pytest.raises(ValueError, match="speculative_config.policy"):
+        SpeculativeConfig("ngram", 3, policy="greedy")
+    assert isinstance(make_policy("fixed", 3, "ngram"), FixedPolicy)
+    assert isinstance(make_policy("adaptive", 3, "ngram"), AdaptivePolicy)
+
+
+def _run(async_scheduling: bool, step_cost, policy: str = "adaptive", n: int = 6, max_tokens: int = 150):
+    core, runner = make_engine(async_scheduling=async_scheduling, k=3, max_num_seqs=8, max_num_batched_tokens=256,
+                               draft_error_rate=0.1, spec_policy=policy, step_cost=step_cost)
+    reqs = [make_request(f"r{i}", [1 + i, 2, 3, 4, 5], seed=i, max_tokens=max_tokens) for i in range(n)]
+    delivered = run_to_completion(core, reqs)
+    return core, runner, delivered
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_engine_latency_bound_speculates(async_scheduling):
+    core, _, delivered = _run(async_scheduling, LATENCY_BOUND)
+    pol = core.scheduler.spec_policy
+    assert pol.cost.fitted
+    assert pol.chosen_k[3] > 0.8 * sum(pol.chosen_k)
+    _, _, plain = _run(async_scheduling, LATENCY_BOUND, policy="fixed")
+    assert {r: d.tokens for r, d in delivered.items()} == {r: d.tokens for r, d in plain.items()}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_engine_compute_bound_stops_drafting(async_scheduling):
+    core, runner, delivered = _run(async_scheduling, COMPUTE_BOUND)
+    pol, spec = core.scheduler.spec_policy, core.scheduler.counters.spec
+    assert pol.chosen_k[0] > 0.8 * sum(pol.chosen_k)
+    fixed_core, fixed_runner, plain = _run(async_scheduling, COMPUTE_BOUND, policy="fixed")
+    assert runner.num_drafted < 0.3 * fixed_runner.num_drafted  # the proposer is not asked for drafts
+    assert {r: d.tokens for r, d in delivered.items()} == {r: d.tokens for r, d in plain.items()}
+    # Acceptance counts drafts really verified: the slots the policy did not schedule are not rejections.
+    assert spec.num_draft_tokens == sum(d.drafts for d in delivered.values())
+    assert spec.num_accepted_tokens == sum(d.accepted for d in delivered.values())
+    assert spec.acceptance_rate == pytest.approx(fixed_core.scheduler.counters.spec.acceptance_rate, abs=0.15)
