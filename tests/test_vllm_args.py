@@ -17,6 +17,7 @@ from tandem.engine.arg_utils import EngineArgs
 from tandem.engine.llm import config_from_kwargs
 from tandem.entrypoints.cli import build_parser
 from tandem.entrypoints.engine_args import add_engine_args, engine_kwargs
+from tandem.speculative_config import SpeculativeConfig
 from tandem.utils.argparse_utils import FlexibleArgumentParser
 
 ARGS = vllm_args.vllm_args()
@@ -51,7 +52,7 @@ def test_the_list_is_vllms_and_every_name_has_one_answer() -> None:
         assert answer.kind in ("flag", "honoured", "accepted", "default_only"), name
         assert (answer.kind == "flag") == (name in own), name  # "flag" means tandem's own flag of that name
         assert answer.meaning, name
-    tandem_spec_keys = {"method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max"}
+    tandem_spec_keys = set(SpeculativeConfig.__dataclass_fields__)
     assert {k["name"] for k in SPEC_KEYS} - tandem_spec_keys == set(vllm_args.SPEC_ANSWERS)
 
 

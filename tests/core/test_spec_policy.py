@@ -129,7 +129,7 @@ def test_engine_latency_bound_speculates(async_scheduling):
     core, _, delivered = _run(async_scheduling, LATENCY_BOUND)
     pol = core.scheduler.spec_policy
     assert pol.cost.fitted
-    assert pol.chosen_k[3] > 0.8 * sum(pol.chosen_k)
+    assert pol.verified_k[3] > 0.8 * sum(pol.verified_k)
     _, _, plain = _run(async_scheduling, LATENCY_BOUND, policy="fixed")
     assert {r: d.tokens for r, d in delivered.items()} == {r: d.tokens for r, d in plain.items()}
 
@@ -138,7 +138,7 @@ def test_engine_latency_bound_speculates(async_scheduling):
 def test_engine_compute_bound_stops_drafting(async_scheduling):
     core, runner, delivered = _run(async_scheduling, COMPUTE_BOUND)
     pol, spec = core.scheduler.spec_policy, core.scheduler.counters.spec
-    assert pol.chosen_k[0] > 0.8 * sum(pol.chosen_k)
+    assert pol.verified_k[0] > 0.8 * sum(pol.verified_k)
     fixed_core, fixed_runner, plain = _run(async_scheduling, COMPUTE_BOUND, policy="fixed")
     assert runner.num_drafted < 0.3 * fixed_runner.num_drafted  # the proposer is not asked for drafts
     assert {r: d.tokens for r, d in delivered.items()} == {r: d.tokens for r, d in plain.items()}

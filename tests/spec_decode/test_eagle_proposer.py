@@ -168,7 +168,8 @@ def test_deferred_reconciliation_identical(setup: dict[str, Any]) -> None:
     spec, model = setup["eagle3"]
     results = []
     for kw in ({"async_scheduling": False}, {"async_scheduling": True, "deferred_reconciliation": True}):
-        llm = LLM(str(model), max_num_seqs=4, speculative_config=spec | {"num_speculative_tokens": 3}, **kw)
+        llm = LLM(str(model), max_num_seqs=4, speculative_config=spec | {"num_speculative_tokens": 3, "policy": "fixed"},
+                  **kw)
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         results.append(([o.outputs[0].token_ids for o in outs], llm.spec_decode_stats()))
         llm.shutdown()

@@ -15,7 +15,7 @@ from typing import Any
 from tandem import LLM, SamplingParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-         "prompt_lookup_max": 3}
+         "prompt_lookup_max": 3, "policy": "fixed"}
 VOCAB = 261
 NUM_KV_BLOCKS = 128  # 2048 tokens: plenty, and the block pool is built in milliseconds
 
@@ -31,8 +31,10 @@ def make_tiny(root: Path) -> dict[str, Any]:
 
 def arms(tiny: dict[str, Any]) -> dict[str, dict[str, Any]]:
     target = str(tiny["target"])
-    self_draft = {"method": "draft_model", "num_speculative_tokens": 3, "model": target}
-    eagle = {"method": "eagle", "num_speculative_tokens": 3, "model": str(tiny["eagle"])}
+    # The fixed policy: these arms compare drafting statistics across async modes (the adaptive one decides
+    # from statistics one step older under async, and may not draft at all for a tiny model).
+    self_draft = {"method": "draft_model", "num_speculative_tokens": 3, "model": target, "policy": "fixed"}
+    eagle = {"method": "eagle", "num_speculative_tokens": 3, "model": str(tiny["eagle"]), "policy": "fixed"}
     return {
         "nospec-async": {"async_scheduling": True},
         "ngram-sync": {"speculative_config": NGRAM, "async_scheduling": False},

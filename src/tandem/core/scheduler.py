@@ -225,8 +225,6 @@ class Scheduler:
             out.req_epochs[rid] = req.epoch
             if samples:
                 out.sampling_req_ids.add(rid)
-                if self.num_spec_tokens and n == n_drafts + 1:
-                    self.spec_policy.record(n_drafts)
             step = InFlightStep(out.step_id, n, n_drafts, samples)
             req.inflight.append(step)
             req.num_computed_tokens += n
@@ -348,6 +346,8 @@ class Scheduler:
             req.spec_stats.observe(num_valid, num_accepted, num_invalid)
             self.counters.spec.observe(num_valid, num_accepted, num_invalid)
             self.spec_policy.observe_drafts(req, num_valid, num_accepted)
+        if self.num_spec_tokens and step.num_scheduled == step.num_drafts + 1:  # a decode step
+            self.spec_policy.record(num_valid)
         logprobs = out.logprobs[idx] if out.logprobs is not None and idx is not None else None
 
         new_tokens: list[int] = []

@@ -119,7 +119,7 @@ class FixedPolicy:
     def __init__(self, k: int) -> None:
         self.k = k
         self.propose_k = k
-        self.chosen_k = [0] * (k + 1)  # decode request-steps by drafts scheduled
+        self.verified_k = [0] * (k + 1)  # decode steps (of one request) by drafts verified
         self.num_exploration_steps = 0
 
     def plan(self, decode: list[tuple[Request, int]]) -> dict[str, int]:
@@ -128,8 +128,8 @@ class FixedPolicy:
         return {req.request_id: cap for req, cap in decode}
 
     def record(self, num_drafts: int) -> None:
-        """A decode step of one request was scheduled with ``num_drafts`` drafts."""
-        self.chosen_k[min(num_drafts, self.k)] += 1
+        """A decode step of one request came back having verified ``num_drafts`` drafts."""
+        self.verified_k[min(num_drafts, self.k)] += 1
 
     def observe_drafts(self, req: Request, num_valid: int, num_accepted: int) -> None:
         """Verification of ``num_valid`` drafts of ``req`` accepted ``num_accepted``."""
@@ -141,7 +141,7 @@ class FixedPolicy:
         """The request is gone."""
 
     def as_dict(self) -> dict[str, object]:
-        return {"policy": self.name, "chosen_k": list(self.chosen_k),
+        return {"policy": self.name, "verified_k": list(self.verified_k),
                 "num_exploration_steps": self.num_exploration_steps}
 
 

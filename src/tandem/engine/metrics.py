@@ -90,11 +90,11 @@ def collect_metrics(engine: Engine) -> list[Metric]:
             "vector",
             values=tuple(float(v) for v in spec.accepted_per_pos),
         ),
-        Metric(  # the speculation policy's choice: drafts scheduled per decode step of a request
-            "tandem:spec_decode_chosen_k",
-            float(sum(sched.spec_policy.chosen_k)),
+        Metric(  # what the speculation policy's choices came to: drafts verified per decode step of a request
+            "tandem:spec_decode_verified_drafts_per_step",
+            float(sum(sched.spec_policy.verified_k)),
             "histogram",
-            values=tuple(float(v) for v in sched.spec_policy.chosen_k),
+            values=tuple(float(v) for v in sched.spec_policy.verified_k),
         ),
         Metric(
             "vllm:cache_config_info",

@@ -88,7 +88,7 @@ _HELP = {
     "vllm:spec_decode_num_accepted_tokens": "Draft tokens accepted.",
     "tandem:spec_decode_num_invalid_spec_tokens": "Draft tokens cut by a structured-output grammar.",
     "vllm:spec_decode_num_accepted_tokens_per_pos": "Draft tokens accepted, by draft position.",
-    "tandem:spec_decode_chosen_k": "Drafts the speculation policy scheduled per decode step of a request.",
+    "tandem:spec_decode_verified_drafts_per_step": "Drafts verified per decode step of a request (the speculation policy's choice, as filled).",
     "tandem:async_scheduling_info": "The async scheduling decision: requested, resolved, reason.",
     "vllm:cache_config_info": "The KV cache's configuration, as labels.",
 }
