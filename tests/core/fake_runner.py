@@ -56,11 +56,14 @@ class FakeRunner:
         draft_error_rate: float = 0.3,
         async_scheduling: bool = False,
         max_model_len: int = 1 << 30,
-        step_cost: tuple[float, float, float] | None = None,
+        step_cost: tuple[float, float, float] = (1e-3, 1e-4, 1e-5),
     ) -> None:
         self.model = model
-        # (fixed, per token, per drafted token) seconds: the step times it reports, as a worker measures them.
+        # (fixed, per token, per drafted token) seconds each step takes on the runner's clock (``clock``): the
+        # clock advances when the engine takes the step's output, as a device finishing it would.
         self.step_cost = step_cost
+        self.now = 0.0
+        self.last_cost = 0.0
         self.num_drafted = 0  # draft tokens proposed, in all
         self.k = num_spec_tokens
         self.draft_error_rate = draft_error_rate
@@ -68,6 +71,9 @@ class FakeRunner:
         self.max_model_len = max_model_len
         self.state: dict[str, _ReqState] = {}
         self.steps = 0
+
+    def clock(self) -> float:
+        return self.now
 
     def _propose(self, rid: str, st: _ReqState, k: int) -> list[int]:
         n_out = len(st.tokens) - st.num_prompt
@@ -145,11 +151,23 @@ class FakeRunner:
         )
         drafted = k * sum(1 for s in sampled if s) if self.k else 0
         self.num_drafted += drafted
-        if self.step_cost is not None:
-            fixed, per_token, per_draft = self.step_cost
-            out.step_seconds = fixed + per_token * so.total_num_scheduled_tokens
-            out.propose_seconds, out.num_drafted = per_draft * drafted, drafted
+        fixed, per_token, per_draft = self.step_cost
+        self.last_cost = fixed + per_token * so.total_num_scheduled_tokens + per_draft * drafted
         return out
+
+
+class _Timed(Future):
+    """A resolved future that advances the runner's clock by its step's cost when first read."""
+
+    def __init__(self, runner: FakeRunner) -> None:
+        super().__init__()
+        self.runner, self.cost, self.read = runner, 0.0, False
+
+    def result(self, timeout: float | None = None) -> ModelRunnerOutput:
+        if not self.read:
+            self.read = True
+            self.runner.now += self.cost
+        return super().result(timeout)
 
 
 class FakeExecutor(Executor):
@@ -162,9 +180,10 @@ class FakeExecutor(Executor):
         self.runner = runner
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
-        fut: Future[ModelRunnerOutput] = Future()
+        fut: Future[ModelRunnerOutput] = _Timed(self.runner)
         try:
             fut.set_result(self.runner.execute(scheduler_output))
+            fut.cost = self.runner.last_cost  # type: ignore[attr-defined]
         except Exception as exc:  # surfaced by the engine as an executor failure
             fut.set_exception(exc)
         return fut

@@ -39,8 +39,16 @@ def make_engine(
     draft_error_rate: float = 0.3,
     enable_chunked_prefill: bool = True,
     spec_policy: str = "fixed",
-    step_cost: tuple[float, float, float] | None = None,
+    step_cost: tuple[float, float, float] = (1e-3, 1e-4, 1e-5),
 ) -> tuple[EngineCore, FakeRunner]:
+    runner = FakeRunner(
+        model or FakeModel(),
+        num_spec_tokens=k,
+        async_scheduling=async_scheduling,
+        max_model_len=max_model_len,
+        draft_error_rate=draft_error_rate,
+        step_cost=step_cost,
+    )
     cls = AsyncScheduler if async_scheduling else Scheduler
     sched = cls(
         max_num_seqs=max_num_seqs,
@@ -51,15 +59,7 @@ def make_engine(
         enable_prefix_caching=prefix_caching,
         num_speculative_tokens=k,
         enable_chunked_prefill=enable_chunked_prefill,
-        spec_policy=make_policy(spec_policy, k, "ngram") if k else None,
-    )
-    runner = FakeRunner(
-        model or FakeModel(),
-        num_spec_tokens=k,
-        async_scheduling=async_scheduling,
-        max_model_len=max_model_len,
-        draft_error_rate=draft_error_rate,
-        step_cost=step_cost,
+        spec_policy=make_policy(spec_policy, k, "ngram", clock=runner.clock) if k else None,
     )
     core = EngineCore(sched, FakeExecutor(runner), async_scheduling=async_scheduling,
                       debug_invariants=True)

@@ -12,14 +12,13 @@ from tandem.speculative_config import SpeculativeConfig
 from tests.core.harness import make_engine, make_request, run_to_completion
 
 LATENCY_BOUND = (10e-3, 0.1e-3, 0.01e-3)  # fixed, per token, per drafted token (seconds): drafts nearly free
-COMPUTE_BOUND = (1e-3, 1e-3, 0.1e-3)  # every row costs as much as the whole fixed part
+COMPUTE_BOUND = (0.5e-3, 2e-3, 0.2e-3)  # every row costs four times the fixed part
 
 
-def _fitted(fixed: float, per_row: float, per_draft: float = 0.0) -> StepCost:
+def _fitted(fixed: float, per_row: float) -> StepCost:
     cost = StepCost()
     for rows in (4, 8, 16, 32, 4, 8):
         cost.observe(rows, fixed + per_row * rows)
-    cost.observe_drafting(10, 10 * per_draft)
     return cost
 
 
@@ -47,9 +46,9 @@ class _Req:
         return self._remaining
 
 
-def _policy(k: int, fixed: float, per_row: float, per_draft: float = 0.0) -> AdaptivePolicy:
+def _policy(k: int, fixed: float, per_row: float) -> AdaptivePolicy:
     pol = AdaptivePolicy(k, "eagle3")
-    pol.cost = _fitted(fixed, per_row, per_draft)
+    pol.cost = _fitted(fixed, per_row)
     pol._since_explore = -10_000  # no exploration step in these decisions
     return pol
 
@@ -93,7 +92,17 @@ def test_acceptance_estimates_are_per_temperature_class():
     for _ in range(200):
         pol.observe_drafts(hot, 2, 0)
     assert pol.by_class[2][0] < 0.05 and pol.by_class[0] == [0.5, 0.5]  # greedy untouched
-    assert pol.by_request["hot"][1] == 0.5  # position 2 never verified after a rejection at 1
+    assert pol._alpha(hot)[0] < 0.05 and pol._alpha(hot)[1] == 0.5  # position 2: never verified after a miss
+
+
+def test_a_request_switched_off_is_tried_again():
+    pol = _policy(3, 2e-3, 2e-3)  # a draft must be accepted with probability > 0.5 to pay
+    req = _Req("r")
+    for _ in range(3):
+        pol.observe_drafts(req, 3, 0)
+    assert pol.plan([(req, 3)])["r"] == 0  # three misses: not worth a row now ...
+    ks = [pol.plan([(req, 3)])["r"] for _ in range(40)]
+    assert ks[-1] > 0  # ... but its own evidence fades back to its class's estimate
 
 
 def test_explores_until_the_cost_is_fitted():

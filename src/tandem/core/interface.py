@@ -102,11 +102,6 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
     # Pooling runner: req_id -> the prompt's pooled hidden state, for requests whose prompt ended this step.
     pooled: dict[str, list[float]] = field(default_factory=dict)
-    # Measured by the worker (the speculation policy's cost model): the step's forward + sampling time, the
-    # proposer's time, and the draft tokens it drafted (sampling requests x drafts asked for). 0: not measured.
-    step_seconds: float = 0.0
-    propose_seconds: float = 0.0
-    num_drafted: int = 0
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:

@@ -287,8 +287,6 @@ class Scheduler:
         self, so: SchedulerOutput, out: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         index = {rid: i for i, rid in enumerate(out.req_ids)}
-        if self.num_spec_tokens:
-            self.spec_policy.observe_output(so, out)
         results: list[EngineCoreOutput] = []
         finished: list[Request] = []
         for rid in so.num_scheduled_tokens:
@@ -311,6 +309,8 @@ class Scheduler:
         for req in finished:
             self.running.remove(req)
             self._free_request(req, req.status)
+        if self.num_spec_tokens:
+            self.spec_policy.observe_step(so, bool(self.running))
         return results
 
     def _commit(

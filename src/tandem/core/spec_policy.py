@@ -1,28 +1,31 @@
 """The speculation policy: how many drafts each request verifies this step, and how many the proposer drafts
 for the next one. Pure Python, no torch.
 
-Decisions read *confirmed* statistics only — accepted counts the scheduler has committed and step times the
-worker measured for steps already back — so async scheduling (which schedules before the previous step
-returns) sees the same kind of information as sync, one step older.
+Decisions read *confirmed* statistics only — accepted counts the scheduler has committed and the times at
+which steps came back — so async scheduling (which schedules before the previous step returns) sees the same
+kind of information as sync, one step older.
 
 ``fixed`` verifies every draft the proposer made (``num_speculative_tokens``; the behaviour before the
 policy, kept for A/B). ``adaptive`` (the default) maximizes the step's expected goodput — output tokens per
 second — from two estimates:
 
 - **acceptance**: per request and draft position j, the probability that draft j is accepted given drafts
-  1 .. j-1 were (an exponentially weighted average of what verification returned), started from a global
-  estimate for the request's temperature class (greedy / up to 0.8 / above), itself learned from every
-  request and started from the method's prior. Draft j of a request is worth ``g = a_1 * ... * a_j``
-  expected tokens.
-- **cost**: a decode step of ``n`` logits rows (one per request plus one per verified draft) takes
-  ``fixed + per_row * n`` seconds, fitted by exponentially forgetting least squares over decode-only steps
-  (prefill chunks excluded); drafting costs ``per_draft`` seconds a drafted token (the proposer's measured
-  time over the tokens it drafted: an over-estimate for drafters with a per-step fixed part, so the policy
-  errs towards fewer drafts).
+  1 .. j-1 were: the request's own accepted / verified counts at j, which fade by ``FADE`` every step, mixed
+  with ``PRIOR_WEIGHT`` pseudo-verifications at the estimate of the request's temperature class (greedy / up
+  to 0.8 / above) — an average over every request, started from the method's prior. A request whose drafts
+  were refused and that gets none verified thus drifts back to its class and is tried again, so a burst of
+  misses (prompt lookup between two copied spans) does not switch it off for good. Draft j of a request is
+  worth ``g = a_1 * ... * a_j`` expected tokens.
+- **cost**: the engine's step period — wall-clock seconds between two steps coming back while requests keep
+  running: the forward, sampling, drafting, the host's scheduling and output handling, whatever the
+  executor — is ``fixed + per_row * n`` for a decode step of ``n`` logits rows (one per request plus one per
+  verified draft), fitted by exponentially forgetting least squares over decode-only steps (prefill chunks
+  excluded). Drafting follows verification (the drafts asked for equal the drafts verified in steady state),
+  so its cost is in ``per_row``.
 
 A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B`` seconds without drafts.
-Draft slots are bought best first (largest ``g``) while ``g / (per_row + per_draft)`` beats the step's
-running tokens per second: the set that maximizes the expected rate under a linear cost. When drafts do not
+Draft slots are bought best first (largest ``g``) while ``g / per_row`` beats the step's running tokens per
+second: the set that maximizes the expected rate under a linear cost. When drafts do not
 pay — the batch is compute-bound, acceptance is low — every request gets ``k = 0`` and the proposer is not
 run (a drafter with its own KV still keeps it current). Until the cost is fitted every draft is verified
 (the fixed behaviour, measured). The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
@@ -38,16 +41,19 @@ rejection), so ``acceptance_rate`` stays honest under any k.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
+from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
 
 POLICIES = ("adaptive", "fixed")
 # Prior conditional acceptance per draft position, by method, before anything is measured.
 METHOD_PRIOR = {"ngram": 0.5, "suffix": 0.5, "draft_model": 0.6, "eagle": 0.6, "eagle3": 0.6, "mtp": 0.6}
-REQUEST_WEIGHT = 0.25  # EWMA weight of one verification in a request's own estimate
-GLOBAL_WEIGHT = 0.03  # ... in its temperature class's estimate
+FADE = 0.93  # per step, of a request's own acceptance counts (half-life ~10 steps)
+PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
+GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
 COST_DECAY = 0.97  # forgetting factor of the step-cost fit (about 30 steps of memory)
 EXPLORE_EVERY = 64
 MIN_FIT_STEPS = 4
@@ -64,8 +70,7 @@ def temperature_class(temperature: float) -> int:
 
 @dataclass
 class StepCost:
-    """``seconds = fixed + per_row * rows`` for decode steps, by exponentially forgetting least squares;
-    ``per_draft`` seconds per drafted token."""
+    """``seconds = fixed + per_row * rows`` for decode steps, by exponentially forgetting least squares."""
 
     n: float = 0.0  # weighted count, and the weighted sums below
     sx: float = 0.0
@@ -73,7 +78,6 @@ class StepCost:
     sxx: float = 0.0
     sxy: float = 0.0
     steps: int = 0
-    per_draft: float = 0.0
     fixed: float = 0.0
     per_row: float = 0.0
 
@@ -89,11 +93,6 @@ class StepCost:
             self.per_row = max(slope, 1e-3 * mean_y / max(mean_x, 1.0))  # noise never makes rows free
             self.fixed = max(mean_y - self.per_row * mean_x, 0.0)
 
-    def observe_drafting(self, drafted: int, seconds: float) -> None:
-        if drafted > 0:
-            per = seconds / drafted
-            self.per_draft = per if self.per_draft == 0.0 else 0.8 * self.per_draft + 0.2 * per
-
     @property
     def spread(self) -> float:
         """Relative spread of the rows seen (std / mean): the fit needs steps of different sizes."""
@@ -107,8 +106,7 @@ class StepCost:
         return self.steps >= MIN_FIT_STEPS and self.spread >= 0.05
 
     def as_dict(self) -> dict[str, float | int | bool]:
-        return {"fitted": self.fitted, "fixed_s": self.fixed, "per_row_s": self.per_row,
-                "per_draft_s": self.per_draft, "steps": self.steps}
+        return {"fitted": self.fitted, "fixed_s": self.fixed, "per_row_s": self.per_row, "steps": self.steps}
 
 
 class FixedPolicy:
@@ -134,8 +132,8 @@ class FixedPolicy:
     def observe_drafts(self, req: Request, num_valid: int, num_accepted: int) -> None:
         """Verification of ``num_valid`` drafts of ``req`` accepted ``num_accepted``."""
 
-    def observe_output(self, so: SchedulerOutput, out: ModelRunnerOutput) -> None:
-        """A step came back: its measured times feed the cost model."""
+    def observe_step(self, so: SchedulerOutput, busy: bool) -> None:
+        """Step ``so`` came back; ``busy``: requests are still running (the next step follows at once)."""
 
     def forget(self, request_id: str) -> None:
         """The request is gone."""
@@ -148,23 +146,43 @@ class FixedPolicy:
 class AdaptivePolicy(FixedPolicy):
     name = "adaptive"
 
-    def __init__(self, k: int, method: str) -> None:
+    def __init__(self, k: int, method: str, clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__(k)
+        self.clock = clock
+        self._last: float | None = None  # when the previous step came back, while requests kept running
         prior = METHOD_PRIOR.get(method, 0.5)
         self.by_class = [[prior] * k for _ in TEMPERATURE_CLASSES]
-        self.by_request: dict[str, list[float]] = {}
+        # request id -> (accepted counts, verified counts) per position, and the step they were last faded at
+        self.by_request: dict[str, tuple[list[float], list[float], int]] = {}
+        self._step = 0
         self.cost = StepCost()
         self._since_explore = 0
         self._verify_all_next = False  # exploring: drafts were asked for the next step, which verifies them all
 
     def _alpha(self, req: Request) -> list[float]:
-        own = self.by_request.get(req.request_id)
-        return own if own is not None else self.by_class[temperature_class(req.sampling_params.temperature)]
+        cls = self.by_class[temperature_class(req.sampling_params.temperature)]
+        own = self._own(req.request_id)
+        if own is None:
+            return cls
+        acc, n = own
+        return [(a + PRIOR_WEIGHT * c) / (v + PRIOR_WEIGHT) for a, v, c in zip(acc, n, cls)]
+
+    def _own(self, rid: str) -> tuple[list[float], list[float]] | None:
+        """The request's counts, faded to this step."""
+        rec = self.by_request.get(rid)
+        if rec is None:
+            return None
+        acc, n, at = rec
+        if at != self._step:
+            w = FADE ** (self._step - at)
+            acc, n = [a * w for a in acc], [v * w for v in n]
+            self.by_request[rid] = (acc, n, self._step)
+        return acc, n
 
     def _allocate(self, decode: list[tuple[Request, int]]) -> list[int]:
         """Drafts per request (up to its limit) maximizing expected tokens per second."""
         cost = self.cost
-        slot_cost = cost.per_row + cost.per_draft
+        slot_cost = cost.per_row
         tokens, seconds = float(len(decode)), cost.fixed + cost.per_row * len(decode)
         cands = []
         for i, (req, limit) in enumerate(decode):
@@ -184,6 +202,7 @@ class AdaptivePolicy(FixedPolicy):
     def plan(self, decode: list[tuple[Request, int]]) -> dict[str, int]:
         if not decode:
             return {}
+        self._step += 1
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
         full = [lim for _, lim in limits]
@@ -209,22 +228,25 @@ class AdaptivePolicy(FixedPolicy):
         if num_valid <= 0:
             return
         cls = self.by_class[temperature_class(req.sampling_params.temperature)]
-        own = self.by_request.get(req.request_id)
+        own = self._own(req.request_id)
         if own is None:
-            own = self.by_request[req.request_id] = list(cls)
+            own = ([0.0] * self.k, [0.0] * self.k)
+            self.by_request[req.request_id] = (*own, self._step)
+        acc, n = own
         for j in range(min(num_accepted + 1, num_valid, self.k)):
             hit = 1.0 if j < num_accepted else 0.0
-            own[j] += REQUEST_WEIGHT * (hit - own[j])
+            acc[j] += hit
+            n[j] += 1.0
             cls[j] += GLOBAL_WEIGHT * (hit - cls[j])
 
-    def observe_output(self, so: SchedulerOutput, out: ModelRunnerOutput) -> None:
-        if out.step_seconds <= 0.0:
-            return  # not measured (a step that computed nothing)
+    def observe_step(self, so: SchedulerOutput, busy: bool) -> None:
+        now = self.clock()
         spec, sampling = so.scheduled_spec_decode_tokens, so.sampling_req_ids
         # Decode-only steps (every request: one token plus its drafts) fit the cost of a logits row.
-        if all(n == 1 + len(spec.get(r, ())) and r in sampling for r, n in so.num_scheduled_tokens.items()):
-            self.cost.observe(so.total_num_scheduled_tokens, out.step_seconds)
-        self.cost.observe_drafting(out.num_drafted, out.propose_seconds)
+        if self._last is not None and all(n == 1 + len(spec.get(r, ())) and r in sampling
+                                          for r, n in so.num_scheduled_tokens.items()):
+            self.cost.observe(so.total_num_scheduled_tokens, now - self._last)
+        self._last = now if busy else None
 
     def forget(self, request_id: str) -> None:
         self.by_request.pop(request_id, None)
@@ -236,7 +258,7 @@ class AdaptivePolicy(FixedPolicy):
         return out
 
 
-def make_policy(name: str, k: int, method: str) -> FixedPolicy:
+def make_policy(name: str, k: int, method: str, clock: Callable[[], float] = time.perf_counter) -> FixedPolicy:
     if name not in POLICIES:
         raise ValueError(f"speculative_config.policy must be one of {POLICIES}, got {name!r}")
-    return AdaptivePolicy(k, method) if name == "adaptive" else FixedPolicy(k)
+    return AdaptivePolicy(k, method, clock) if name == "adaptive" else FixedPolicy(k)

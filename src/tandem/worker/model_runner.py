@@ -31,7 +31,7 @@ from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.input_batch import InputBatch
 from tandem.worker.input_prep import RequestPlan, StepInputs, prepare_inputs
-from tandem.worker.pending import PendingStep, PromptLogprobs, StepTimer
+from tandem.worker.pending import PendingStep, PromptLogprobs
 from tandem.worker.pooler import Pooler
 
 
@@ -128,7 +128,6 @@ class ModelRunner:
 
     def _execute(self, so: SchedulerOutput) -> PendingStep:
         tr = self.tracer
-        timer = StepTimer(self.device)  # the speculation policy's cost model reads the step's times
         with tr.span("prepare_inputs", track="device", step=so.step_id):
             self._update_states(so)
             if not so.num_scheduled_tokens or (self.abandoned and self._only_abandoned(so)):
@@ -161,14 +160,12 @@ class ModelRunner:
                 sampled, lp, num_valid, num_invalid = self._sample(step, sampling, logits)
                 span.args["drafts"] = sum(num_valid)
         self._commit_on_device(step, sampled)
-        timer.mark()
         drafts, applied = None, False
         # Drafts asked for the next step (the speculation policy's choice).
         k_step = self.k if so.num_drafts_to_propose is None else min(self.k, so.num_drafts_to_propose)
         # A drafter with its own KV (EAGLE / MTP) also sees steps where no request samples.
         if self.k and (sampling or self.proposer.needs_prefill_steps):  # type: ignore[union-attr]
             drafts, applied = self._propose(so.step_id, step, sampled, fwd, k_step)
-        timer.mark()
         pending = PendingStep(
             step_id=so.step_id,
             req_ids=[p.req_id for p in step.plans],
@@ -182,8 +179,6 @@ class ModelRunner:
             send_drafts=not self.async_scheduling and self.k > 0,
             tokens_applied=applied,
             pooled=pooled,
-            timer=timer,
-            num_drafted=len(sampling) * k_step if drafts is not None else 0,
         )
         if self.deferred:
             self._pending = pending  # reconciled after the next step's forward is launched

@@ -11,7 +11,6 @@ launch under deferred reconciliation), or the engine / the mp sender thread mate
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -31,32 +30,6 @@ def _start_copy(t: torch.Tensor) -> torch.Tensor:
 
 def _start_copies(lp: LogprobsTensors) -> LogprobsTensors:
     return LogprobsTensors(*(_start_copy(t) for t in lp))
-
-
-class StepTimer:
-    """Marks in a step: its start, the end of forward + sampling, the end of proposing. On the CPU host clock
-    readings (the work is done when the call returns); on CUDA events, read once the step's copy is waited
-    for — measuring adds no sync."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: list[object] = []
-        self.mark()
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def seconds(self) -> list[float]:
-        """Seconds between consecutive marks (call after the step's copy was waited for)."""
-        m = self.marks
-        if self.cuda:
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(m, m[1:])]  # type: ignore[attr-defined]
-        return [b - a for a, b in zip(m, m[1:])]  # type: ignore[operator]
 
 
 @dataclass
@@ -95,8 +68,6 @@ class PendingStep:
     tokens_applied: bool = False  # a host-side proposer already applied the tokens to the host records
     num_invalid: list[int] | None = None  # drafts cut by a grammar, per sampling request
     pooled: dict[str, torch.Tensor] = field(default_factory=dict)  # pooling runner: req_id -> [hidden]
-    timer: StepTimer | None = None  # start, forward + sampling done, proposing done
-    num_drafted: int = 0  # draft tokens asked of the proposer (sampling requests x drafts)
     _host: tuple[list[list[int]], list[list[int]] | None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _event: object = field(default=None, repr=False)
@@ -141,7 +112,6 @@ class PendingStep:
     def materialize(self) -> ModelRunnerOutput:
         sampled, drafts = self.host()
         by_req = {p.req_id: i for i, p in enumerate(self.sampling)}
-        step_s, propose_s = self.timer.seconds() if self.timer is not None else (0.0, 0.0)
         logprobs = None
         if self._logprobs_h is not None:
             logprobs = _logprob_entries(self.sampling, sampled, self._logprobs_h)
@@ -166,9 +136,6 @@ class PendingStep:
             ),
             prompt_logprobs={rid: plp.entries() for rid, plp in self.prompt_logprobs.items()},
             pooled={rid: v.float().cpu().tolist() for rid, v in self.pooled.items()},
-            step_seconds=step_s,
-            propose_seconds=propose_s,
-            num_drafted=self.num_drafted,
         )
 
 
