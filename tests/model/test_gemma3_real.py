@@ -2,7 +2,7 @@
 
 Both sides get the same token ids (tandem's tokenizer, which tests/model/test_tokenizer_spm.py compares with
 transformers'). transformers runs each prompt alone with its own cache, the plainest reference; tandem runs
-through the engine: all 9 prompts batched, with chunked prefill (64-token budget), and six of them (the long one
+through the engine: all 9 prompts batched, with chunked prefill (64-token budget), and four of them (the long one
 among them) each alone; one prompt past the 512-token sliding window (1,500+ tokens) in every run. Greedy ids must be equal, or diverge only where
 transformers' top-2 margin is below 1e-3 (tests/helpers.py's near-tie rule, checked, never assumed).
 """
@@ -149,8 +149,8 @@ def test_greedy_through_the_engine_matches_transformers(
     prompts: list[list[int]], reference: Reference, label: str, kwargs: dict[str, Any]
 ) -> None:
     llm = LLM(model=MODEL, quantization="none", max_model_len=2048, debug_invariants=True, **kwargs)
-    # Alone, one request at a time: the first 5 prompts and the long one (batched and chunked take all 9).
-    picked = [*range(5), len(prompts) - 1] if label == "alone" else list(range(len(prompts)))
+    # Alone, one request at a time: the first 3 prompts and the long one (batched and chunked take all 9).
+    picked = [*range(3), len(prompts) - 1] if label == "alone" else list(range(len(prompts)))
     outs = llm.generate([{"prompt_token_ids": prompts[i]} for i in picked], GREEDY, use_tqdm=False)
     _check_greedy(outs, Reference([reference.ids[i] for i in picked], [reference.margins[i] for i in picked],
                                   []), label)

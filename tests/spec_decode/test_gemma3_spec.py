@@ -1,5 +1,5 @@
 """Speculative decoding on Gemma 3 270M (the second real model; its default quantized execution), greedy: ngram
-and the shipped eagle3 head (found from the target's name, no file named) give the no-spec tokens for 16 HumanEval
+and the shipped eagle3 head (found from the target's name, no file named) give the no-spec tokens for 8 HumanEval
 prompts, async off and on, with identical acceptance in both modes; the eagle3 head, trained on other prompts
 (its training tasks never use HumanEval text), accepts at least 1.8 tokens per step on them."""
 
@@ -22,7 +22,7 @@ pytestmark = [
 ]
 
 MODEL = "gemma-3-270m"
-N_PROMPTS = 16
+N_PROMPTS = 8  # 16 when Gemma landed; halved for CI time (CI's AVX2 machine runs the suite ~1.7x slower)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, logprobs=2, ignore_eos=True)
 METHODS = {  # fixed: every draft verified, so acceptance is comparable across async modes
     "ngram": {"method": "ngram", "num_speculative_tokens": 3, "policy": "fixed"},

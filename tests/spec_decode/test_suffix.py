@@ -9,6 +9,7 @@ import pytest
 from tandem import LLM, SamplingParams
 from tandem.config import SpeculativeConfig
 from tandem.spec_decode.suffix import SuffixIndex, SuffixProposer
+from tandem.v1.metrics.reader import Histogram
 from tandem.worker.request_state import RequestState
 from tests.helpers import humaneval_prompts
 
@@ -75,19 +76,26 @@ def test_config_keys_are_vllms():
 
 
 @pytest.mark.slow
-def test_greedy_equals_no_spec_async_off_and_on():
+def test_greedy_equals_no_spec_async_off_and_on(tmp_path):
     prompts = [p + p[-200:] for p in humaneval_prompts(4)]  # repeated text: the suffix index has matches
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     ref = LLM(max_num_seqs=4, async_scheduling=False)
     want = [o.outputs[0].token_ids for o in ref.generate(prompts, params, use_tqdm=False)]
     ref.shutdown()
     for async_on in (False, True):
-        llm = LLM(max_num_seqs=4, async_scheduling=async_on, debug_invariants=True,
+        llm = LLM(max_num_seqs=4, async_scheduling=async_on, debug_invariants=True, trace_file=str(tmp_path / "t.json"),
                   speculative_config={"method": "suffix", "num_speculative_tokens": 4})
         assert llm.async_scheduling.resolved is async_on
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert got == want
-        assert llm.spec_decode_stats()["num_accepted_tokens"] > 0
+        stats = llm.spec_decode_stats()
+        assert stats["num_accepted_tokens"] > 0 and stats["policy"]["policy"] == "adaptive"
+        # The policy's choices are visible: in the trace (drafts scheduled, drafts asked for) and as a histogram.
+        spans = [s for s in llm.engine.tracer.spans if s.name == "schedule" and "propose_k" in s.args]
+        assert spans and all(0 <= s.args["propose_k"] <= 4 for s in spans)
+        hist = next(m for m in llm.get_metrics() if m.name == "tandem:spec_decode_verified_drafts_per_step")
+        assert isinstance(hist, Histogram) and hist.count == sum(stats["policy"]["verified_k"]) > 0
+        assert hist.sum == stats["num_draft_tokens"]
         sched = llm.engine.core.scheduler
         assert sched.kv.all_free() and not sched.requests
         llm.shutdown()
