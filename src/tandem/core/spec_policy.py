@@ -220,7 +220,7 @@ class AdaptivePolicy(FixedPolicy):
                 self._verify_all_next, want = True, full  # ... or drafts now, all verified next step
         # A seed asks for reproducible outputs: which random numbers a sampled request consumes depends on its
         # k, so a seeded one is never varied (every draft, as under "fixed").
-        want = [lim if _seeded(req) else w for (req, lim), w in zip(limits, want)]
+        want = [self.k if _seeded(req) else w for (req, _), w in zip(decode, want)]
         self.propose_k = max(want)
         return {req.request_id: min(w, cap) for (req, cap), w in zip(decode, want)}
 
