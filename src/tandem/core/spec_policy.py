@@ -25,7 +25,7 @@ second — from two estimates:
 
 A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B`` seconds without drafts.
 Draft slots are bought best first (largest ``g``) while ``g / per_row`` beats the step's running tokens per
-second: the set that maximizes the expected rate under a linear cost. When drafts do not
+second by ``MARGIN``: the set that maximizes the expected rate under a linear cost, less the near-even bets. When drafts do not
 pay — the batch is compute-bound, acceptance is low — every request gets ``k = 0`` and the proposer is not
 run (a drafter with its own KV still keeps it current). Until the cost is fitted every draft is verified
 (the fixed behaviour, measured). The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
@@ -56,6 +56,9 @@ PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
 GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
 COST_DECAY = 0.97  # forgetting factor of the step-cost fit (about 30 steps of memory)
 EXPLORE_EVERY = 64
+# A draft slot must beat the step's running rate by this factor: the linear cost does not see the proposer's own
+# per-step cost once drafting is on, nor a row count that leaves a faster kernel path; near-even bets lose.
+MARGIN = 1.15
 MIN_FIT_STEPS = 4
 TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
 
@@ -193,7 +196,7 @@ class AdaptivePolicy(FixedPolicy):
         cands.sort()  # best first; a request's slots in order (g falls with j)
         chosen = [0] * len(decode)
         for neg_g, _, i in cands:
-            if -neg_g * seconds <= tokens * slot_cost:
+            if -neg_g * seconds <= MARGIN * tokens * slot_cost:
                 break
             tokens, seconds = tokens - neg_g, seconds + slot_cost
             chosen[i] += 1
