@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -26,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_serve import start_server, stop_server  # noqa: E402
+from common import environment  # noqa: E402
 
 
 def arms(methods: list[str], k: int) -> dict[str, list[str]]:
@@ -35,12 +34,6 @@ def arms(methods: list[str], k: int) -> dict[str, list[str]]:
             cfg = {"method": m, "num_speculative_tokens": k, "policy": policy}
             out[f"{m}_{policy}"] = ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
     return out
-
-
-def cpu_kind() -> str:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    isa = "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else platform.machine()
-    return f"{os.cpu_count()} CPUs, {isa}"
 
 
 def main() -> int:
@@ -87,7 +80,8 @@ def main() -> int:
     finally:
         for proc, _ in servers.values():
             stop_server(proc)
-    meta = {"cpu": cpu_kind(), "commands": commands, "num_prompts": ns.num_prompts, "output_len": ns.output_len}
+    # The machine (CPU kind, cpu_isa, load average at the end of the run) beside the numbers.
+    meta = {"environment": environment(), "commands": commands, "num_prompts": ns.num_prompts, "output_len": ns.output_len}
     (out_dir / "spec_policy.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     summary = report(runs, list(table), ns)
     (out_dir / "spec_policy.md").write_text(summary + "\n")

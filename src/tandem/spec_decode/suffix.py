@@ -51,11 +51,10 @@ class SuffixIndex:
         self.depth = depth
         self.table: dict[int, Any] = {}
 
-    def add(self, tokens: list[int], start: int, end: int | None = None, sign: int = 1) -> None:
-        """Count (or with ``sign=-1`` uncount) the tokens at positions ``start .. end - 1`` after each of their
-        contexts."""
+    def add(self, tokens: list[int], start: int, sign: int = 1) -> None:
+        """Count (or with ``sign=-1`` uncount) the tokens at positions ``start ..`` after each of their contexts."""
         table = self.table
-        for p in range(max(start, 1), len(tokens) if end is None else end):
+        for p in range(max(start, 1), len(tokens)):
             nxt = tokens[p]
             for key in _context_hashes(tokens, p, self.depth):
                 cur = table.get(key)
