@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tandem.core.limits import remaining_tokens
 from tandem.core.stats import SpecDecodingStats
@@ -43,26 +43,29 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def finish_reason(self) -> str | None:
-        return {
-            RequestStatus.FINISHED_STOPPED: "stop",
-            RequestStatus.FINISHED_LENGTH: "length",
-            RequestStatus.FINISHED_ABORTED: "abort",
-            RequestStatus.FINISHED_ERROR: "error",
-        }.get(self)
+        return _FINISH_REASONS.get(self)
 
 
-@dataclass(frozen=True)
-class InFlightStep:
-    """One scheduled step of this request whose output has not come back yet."""
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+
+class InFlightStep(NamedTuple):
+    """One scheduled step of this request whose output has not come back yet (immutable)."""
 
     step_id: int
     num_scheduled: int  # tokens computed by the step (C grew by this much)
     num_drafts: int  # draft slots among them
     samples: bool  # the step samples a token (it reaches the end of the known tokens)
+    num_placeholders: int  # 1 + num_drafts when it samples, else 0: the outputs it promised
 
-    @property
-    def num_placeholders(self) -> int:
-        return 1 + self.num_drafts if self.samples else 0
+    @classmethod
+    def of(cls, step_id: int, num_scheduled: int, num_drafts: int, samples: bool) -> InFlightStep:
+        return cls(step_id, num_scheduled, num_drafts, samples, 1 + num_drafts if samples else 0)
 
 
 class InvariantError(AssertionError):
@@ -142,6 +145,8 @@ class Request:
     @property
     def completed_frontier(self) -> int:
         """Tokens whose KV was written by steps that came back: C minus what is still in flight."""
+        if not self.inflight:
+            return self.num_computed_tokens
         return self.num_computed_tokens - sum(s.num_scheduled for s in self.inflight)
 
     @property

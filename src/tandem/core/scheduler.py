@@ -32,6 +32,8 @@ from tandem.core.spec_policy import FixedPolicy
 from tandem.core.stats import SchedulerCounters
 from tandem.core.stop import check_stop
 
+RUNNING = RequestStatus.RUNNING
+
 
 class Scheduler:
     is_async = False
@@ -119,13 +121,15 @@ class Scheduler:
                 i += 1
                 continue
             # Tokens up to the logical end (known tokens + in-flight placeholders), then the drafts.
-            to_end = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
+            to_end = (len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_output_placeholders
+                      - req.num_computed_tokens)
             n_spec = k_of.get(req.request_id, 0) if to_end == 1 else 0
             n_new = min(to_end + n_spec, budget, self.max_model_len - req.num_computed_tokens)
             if n_new <= 0:
                 i += 1
                 continue
-            blocks_before[req.request_id] = (len(req.block_ids), [len(g) for g in req.group_block_ids])
+            blocks_before[req.request_id] = (
+                len(req.block_ids), [len(g) for g in req.group_block_ids] if req.group_block_ids else ())
             # Mid-prefill, a smaller chunk before anyone is preempted (KVCacheManager.allocate_chunk).
             while not (fit := self.kv.allocate_chunk(req, n_new, None, self.num_lookahead_tokens, to_end > 1)):
                 if to_end > 1:  # the smallest chunk was tried: retry that after preempting
@@ -135,7 +139,7 @@ class Scheduler:
                 preempted_now = True
                 if victim is req:
                     break
-            if req.status != RequestStatus.RUNNING:
+            if preempted_now and req.status != RequestStatus.RUNNING:
                 break  # the request preempted itself: nothing further fits
             n_new = fit
             n_spec = max(0, n_new - to_end)
@@ -181,11 +185,14 @@ class Scheduler:
             ))
 
         new_ids = {nr.req_id for nr in new_reqs}
+        requests = self.requests
         for rid, (before, group_before) in blocks_before.items():
             if rid in num_scheduled and rid not in new_ids:
-                req = self.requests[rid]
-                new_groups = [g[n:] for g, n in zip(req.group_block_ids, group_before)]
-                new_groups += [list(g) for g in req.group_block_ids[len(group_before):]]
+                req = requests[rid]
+                new_groups = []
+                if req.group_block_ids:
+                    new_groups = [g[n:] for g, n in zip(req.group_block_ids, group_before)]
+                    new_groups += [list(g) for g in req.group_block_ids[len(group_before):]]
                 cached_reqs.append(
                     CachedRequestData(rid, req.block_ids[before:], req.num_computed_tokens, new_groups)
                 )
@@ -217,19 +224,23 @@ class Scheduler:
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         """Advance C, promise placeholders, consume drafts, remember the step as in flight."""
+        requests, spec = self.requests, out.scheduled_spec_decode_tokens
+        epochs, sampling, step_id = out.req_epochs, out.sampling_req_ids, out.step_id
         for rid, n in out.num_scheduled_tokens.items():
-            req = self.requests[rid]
-            n_drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
-            to_end = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
+            req = requests[rid]
+            n_drafts = len(spec[rid]) if rid in spec else 0
+            to_end = (len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_output_placeholders
+                      - req.num_computed_tokens)
             samples = n - n_drafts >= to_end
-            out.req_epochs[rid] = req.epoch
+            epochs[rid] = req.epoch
             if samples:
-                out.sampling_req_ids.add(rid)
-            step = InFlightStep(out.step_id, n, n_drafts, samples)
+                sampling.add(rid)
+            step = InFlightStep.of(step_id, n, n_drafts, samples)
             req.inflight.append(step)
             req.num_computed_tokens += n
             req.num_output_placeholders += step.num_placeholders
-            req.spec_token_ids = []
+            if req.spec_token_ids:
+                req.spec_token_ids = []
 
     # -- preemption, abort, finish -----------------------------------------------------------------------
     def _preempt(self, req: Request) -> None:
@@ -289,22 +300,23 @@ class Scheduler:
         index = {rid: i for i, rid in enumerate(out.req_ids)}
         results: list[EngineCoreOutput] = []
         finished: list[Request] = []
+        requests, epochs, step_id = self.requests, so.req_epochs, so.step_id
         for rid in so.num_scheduled_tokens:
-            req = self.requests.get(rid)
+            req = requests.get(rid)
             if req is None:
                 continue  # aborted or finished while the step was in flight
-            if req.epoch != so.req_epochs[rid] or req.status != RequestStatus.RUNNING:
+            if req.epoch != epochs[rid] or req.status != RUNNING:
                 self.counters.num_stale_outputs += 1
                 continue  # preempted after this step was scheduled: stale, changes nothing
             step = req.inflight.popleft()
-            if step.step_id != so.step_id:
-                raise InvariantError(f"{rid}: output of step {so.step_id}, expected {step.step_id}")
-            sampled = out.sampled_token_ids[index[rid]] if rid in index else []
-            result = self._commit(req, step, sampled, out, index.get(rid))
+            if step.step_id != step_id:
+                raise InvariantError(f"{rid}: output of step {step_id}, expected {step.step_id}")
+            idx = index.get(rid)
+            result = self._commit(req, step, [] if idx is None else out.sampled_token_ids[idx], out, idx)
             if result is None:
                 continue
             results.append(result)
-            if req.status.finished:
+            if result.finish_reason is not None:
                 finished.append(req)
         for req in finished:
             self.running.remove(req)
@@ -321,7 +333,7 @@ class Scheduler:
         out: ModelRunnerOutput,
         idx: int | None,
     ) -> EngineCoreOutput | None:
-        prompt_lp = out.prompt_logprobs.get(req.request_id)
+        prompt_lp = out.prompt_logprobs.get(req.request_id) if out.prompt_logprobs else None
         if not step.samples:
             if sampled:
                 raise InvariantError(f"{req.request_id}: tokens returned for a prefill chunk")
@@ -337,45 +349,47 @@ class Scheduler:
         req.num_computed_tokens -= step.num_drafts - num_accepted
         req.num_output_placeholders -= step.num_placeholders
         num_valid = step.num_drafts
-        if out.num_valid_drafts is not None and idx is not None:
-            num_valid = out.num_valid_drafts[idx]
         num_invalid = 0
-        if out.num_invalid_spec_tokens is not None and idx is not None:
-            num_invalid = out.num_invalid_spec_tokens[idx]
-        if num_valid > 0 or num_invalid:  # (a step without drafts changes no statistic)
-            req.spec_stats.observe(num_valid, num_accepted, num_invalid)
-            self.counters.spec.observe(num_valid, num_accepted, num_invalid)
-            self.spec_policy.observe_drafts(req, num_valid, num_accepted)
+        if step.num_drafts:  # (a step without draft slots changes no statistic)
+            if out.num_valid_drafts is not None and idx is not None:
+                num_valid = out.num_valid_drafts[idx]
+            if out.num_invalid_spec_tokens is not None and idx is not None:
+                num_invalid = out.num_invalid_spec_tokens[idx]
+            if num_valid > 0 or num_invalid:
+                req.spec_stats.observe(num_valid, num_accepted, num_invalid)
+                self.counters.spec.observe(num_valid, num_accepted, num_invalid)
+                self.spec_policy.observe_drafts(req, num_valid, num_accepted)
         if self.num_spec_tokens and step.num_scheduled == step.num_drafts + 1:  # a decode step
             self.spec_policy.record(num_valid)
         logprobs = out.logprobs[idx] if out.logprobs is not None and idx is not None else None
 
-        new_tokens: list[int] = []
-        for token in sampled:
+        new_tokens = sampled
+        status = None
+        for j, token in enumerate(sampled):
             req.output_token_ids.append(token)
-            new_tokens.append(token)
             status = check_stop(req, token)
             if status is not None:
                 req.status = status
+                new_tokens = sampled[: j + 1]
                 req.num_computed_tokens -= len(sampled) - len(new_tokens)  # drop the rest
                 break
         self.counters.num_generation_tokens += len(new_tokens)
-        if not req.status.finished:
+        if status is None:
             self.kv.cache_blocks(req, req.completed_frontier)
             if out.spec_token_ids is not None and idx is not None:
                 req.spec_token_ids = list(out.spec_token_ids[idx])
         return EngineCoreOutput(
             req.request_id,
-            new_tokens,
+            list(new_tokens),
             new_logprobs=logprobs[: len(new_tokens)] if logprobs is not None else None,
             prompt_logprobs=prompt_lp,
-            finish_reason=req.status.finish_reason,
+            finish_reason=status.finish_reason if status is not None else None,
             stop_reason=req.stop_reason,
             num_cached_tokens=max(req.num_cached_tokens, 0),
             num_draft_tokens=num_valid,
             num_accepted_tokens=num_accepted,
             first_scheduled_time=req.first_scheduled_time,
-            pooled=out.pooled.get(req.request_id),
+            pooled=out.pooled.get(req.request_id) if out.pooled else None,
         )
 
     # -- invariants ------------------------------------------------------------------------------------

@@ -77,6 +77,8 @@ class InputBatch:
         main: list[tuple[int, int, list[int]]] = []
         groups: list[list[tuple[int, int, list[int]]]] = [[] for _ in self.group_block_tables]
         for cr in cached:
+            if not cr.new_block_ids and not cr.new_group_block_ids:
+                continue  # most steps: the request's blocks already cover its new tokens
             st = self.reqs[cr.req_id]
             if cr.new_block_ids:
                 main.append((st.slot, len(st.block_ids), cr.new_block_ids))

@@ -18,7 +18,8 @@ host unless the request's previous step is not reconciled yet; then the host car
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -28,7 +29,7 @@ from tandem.worker.input_batch import InputBatch
 from tandem.worker.request_state import RequestState
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestPlan:
     state: RequestState
     req_id: str
@@ -40,12 +41,12 @@ class RequestPlan:
     samples: bool
     exact: bool  # the host knows this request's frontier (its previous step is reconciled)
     host_drafts: list[int] | None  # sync scheduling: the drafts the host sent
-    sample_rows: list[int] = field(default_factory=list)
-    prompt_logprob_rows: list[int] = field(default_factory=list)
+    sample_rows: list[int]  # its rows whose logits sample (last known token + one per draft slot)
+    prompt_logprob_rows: list[int]
     prompt_logprob_start: int = 0  # prompt position of the first prompt-logprob row
 
 
-@dataclass
+@dataclass(slots=True)
 class StepInputs:
     batch: ForwardBatch
     plans: list[RequestPlan]
@@ -65,20 +66,25 @@ def prepare_inputs(
     stale: set[str],
     device: torch.device,
 ) -> StepInputs:
-    logical = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
-    logical.update({cr.req_id: cr.num_computed_tokens for cr in so.scheduled_cached_reqs})
+    logical = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs} if stale else {}
+    if stale:
+        logical.update({cr.req_id: cr.num_computed_tokens for cr in so.scheduled_cached_reqs})
+    spec = so.scheduled_spec_decode_tokens
+    sampling_ids = so.sampling_req_ids
+    # Every request one known token (plain decode): row i is request i, at its frontier.
+    decode_only = so.total_num_scheduled_tokens == len(so.num_scheduled_tokens) and not spec
     plans: list[RequestPlan] = []
-    qsl, seq_lens, logits_rows = [0], [], []
-    slots, n_list = [], []
+    seq_lens, logits_rows, slots, n_list = [], [], [], []
     row_slot, row_offset, row_draft = [], [], []  # per row: slot, offset in request, draft index or -1
+    any_plp = False
+    row = 0
     for rid, n in so.num_scheduled_tokens.items():
         st = ib.reqs[rid]
         slot = st.slot
-        host_slots = so.scheduled_spec_decode_tokens.get(rid, [])
-        k = len(host_slots)
+        host_slots = spec.get(rid) if spec else None
+        k = len(host_slots) if host_slots else 0
         exact = rid not in stale
-        host_drafts = list(host_slots) if k and host_slots[0] != -1 else None
-        plan = RequestPlan(st, rid, slot, qsl[-1], n, k, n - k, rid in so.sampling_req_ids, exact, host_drafts)
+        host_drafts = list(host_slots) if k and host_slots[0] != -1 else None  # type: ignore[index]
         known = n - k
         start_ub = st.num_computed_tokens if exact else logical.get(rid, st.num_computed_tokens)
         if exact and start_ub + known > len(st.prompt_token_ids) + len(st.output_token_ids):
@@ -86,52 +92,58 @@ def prepare_inputs(
                 f"{rid}: {known} tokens scheduled from position {start_ub} but only "
                 f"{st.num_tokens} are known to the runner"
             )
-        if n == 1 and not k:  # a decode row
-            row_slot.append(slot)
-            row_offset.append(0)
-            row_draft.append(-1)
-        else:
+        if not decode_only:
             row_slot += [slot] * n
             row_offset += range(n)
             row_draft += [-1] * known + list(range(k))
-        if plan.samples:
-            plan.sample_rows = list(range(plan.row_start + known - 1, plan.row_start + n))
+        samples = rid in sampling_ids
+        if samples:
+            sample_rows = list(range(row + known - 1, row + n))
         elif k:
             raise RuntimeError(f"{rid}: draft slots scheduled on a step that does not sample")
+        else:
+            sample_rows = []
+        plan = RequestPlan(st, rid, slot, row, n, k, known, samples, exact, host_drafts, sample_rows, [])
         if st.sampling_params.prompt_logprobs is not None and exact:
             # Row at position p predicts prompt token p + 1 (prefill chunks are always host-exact).
             last = min(start_ub + known, st.num_prompt_tokens - 1)
             first = max(start_ub, st.prompt_logprobs_done)
-            plan.prompt_logprob_rows = [plan.row_start + p - start_ub for p in range(first, last)]
+            plan.prompt_logprob_rows = [row + p - start_ub for p in range(first, last)]
             plan.prompt_logprob_start = first
+            if plan.prompt_logprob_rows:
+                any_plp = True
+                logits_rows.extend(plan.prompt_logprob_rows)
+                sample_rows = [r for r in sample_rows if r not in plan.prompt_logprob_rows]
         plans.append(plan)
         slots.append(slot)
         n_list.append(n)
-        qsl.append(qsl[-1] + n)
+        row += n
         seq_lens.append(start_ub + n)
-        logits_rows.extend(plan.prompt_logprob_rows)
-        logits_rows.extend(r for r in plan.sample_rows if r not in plan.prompt_logprob_rows)
-
-    def t(x: list[int]) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.int64).to(device, non_blocking=True)
+        logits_rows.extend(sample_rows)
 
     # Sync scheduling: the host's drafts are authoritative; put them where the gather reads drafts.
     for p in plans:
         if p.host_drafts is not None:
-            ib.drafts[p.slot, : p.num_slots] = t(p.host_drafts)
+            ib.drafts[p.slot, : p.num_slots] = _tensor(p.host_drafts, device)
             ib.drafts[p.slot, p.num_slots :] = -1
-    slots_t = t(slots)
+    slots_t = _tensor(slots, device)
     base = ib.num_computed.index_select(0, slots_t)
-    row_slot_t, row_draft_t = t(row_slot), t(row_draft)
-    req_of_row = torch.repeat_interleave(torch.arange(len(plans), device=device), t(n_list))
-    positions = base.index_select(0, req_of_row) + t(row_offset)
-    history = ib.tokens[row_slot_t, positions.clamp(max=ib.trash)]
-    drafts = ib.drafts[row_slot_t, row_draft_t.clamp(min=0)]
-    ids = torch.where(row_draft_t >= 0, drafts, history).clamp(min=0)
+    if decode_only:
+        row_slot_t, positions = slots_t, base
+        ids = ib.tokens[slots_t, positions.clamp(max=ib.trash)]
+    else:
+        row_slot_t, row_offset_t, row_draft_t = _tensor([row_slot, row_offset, row_draft], device)
+        req_of_row = torch.repeat_interleave(torch.arange(len(plans), device=device), _tensor(n_list, device))
+        positions = base.index_select(0, req_of_row) + row_offset_t
+        history = ib.tokens[row_slot_t, positions.clamp(max=ib.trash)]
+        drafts = ib.drafts[row_slot_t, row_draft_t.clamp(min=0)]
+        ids = torch.where(row_draft_t >= 0, drafts, history)
+    ids = ids.clamp(min=0)
     block_col = torch.div(positions, block_size, rounding_mode="floor")
     slot_in_block = positions % block_size
     slot_mapping = ib.block_table[row_slot_t, block_col] * block_size + slot_in_block
-    width = max(-(-s // block_size) for s in seq_lens)
+    width = -(-max(seq_lens) // block_size)
+    every_row = logits_rows == list(range(row))  # plain decode: project every hidden row, in order
     batch = ForwardBatch(
         input_ids=ids,
         positions=positions,
@@ -139,12 +151,16 @@ def prepare_inputs(
         group_block_tables=[t.index_select(0, slots_t)[:, :width] for t in ib.group_block_tables],
         group_slot_mappings=[t[row_slot_t, block_col] * block_size + slot_in_block for t in ib.group_block_tables],
         block_tables=ib.block_table.index_select(0, slots_t)[:, :width],
-        query_start_loc=qsl,
+        query_start_loc=list(itertools.accumulate(n_list, initial=0)),
         seq_lens=seq_lens,
-        logits_indices=t(logits_rows) if logits_rows else None,
-        seq_lens_dev=None if all(p.exact for p in plans) else base + t(n_list),
+        logits_indices=None if every_row or not logits_rows else _tensor(logits_rows, device),
+        seq_lens_dev=None if all(p.exact for p in plans) else base + _tensor(n_list, device),
     )
     row_to_logit = {r: i for i, r in enumerate(logits_rows)}
     sampling_index = [i for i, p in enumerate(plans) if p.samples]
     return StepInputs(batch, plans, logits_rows, row_to_logit, base, [plans[i] for i in sampling_index],
-                      sampling_index, any(p.prompt_logprob_rows for p in plans))
+                      sampling_index, any_plp)
+
+
+def _tensor(x: list, device: torch.device) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.int64).to(device, non_blocking=True)

@@ -243,9 +243,12 @@ class ModelRunner:
             row_slots, positions = [], []
             for p in plans:
                 n_out = len(p.state.output_token_ids)
-                for j in range(p.num_slots + 1):
+                if p.num_slots:
+                    row_slots += [p.slot] * (p.num_slots + 1)
+                    positions += range(n_out, n_out + p.num_slots + 1)
+                else:
                     row_slots.append(p.slot)
-                    positions.append(n_out + j)
+                    positions.append(n_out)
             meta = self.batch.sampling.metadata(row_slots, positions)
             if meta is not None:
                 return meta

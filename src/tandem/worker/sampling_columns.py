@@ -25,15 +25,16 @@ class SamplingColumns:
         self.top_p = torch.ones(max_reqs, dtype=torch.float32, device=device)
         self.min_p = torch.zeros(max_reqs, dtype=torch.float32, device=device)
         self.greedy_mask = torch.ones(max_reqs, dtype=torch.bool, device=device)
-        # Host copies of what decides the fast-path flags.
-        self.greedy = [True] * max_reqs
+        # Host copies of what decides the fast-path flags: the slots where a flag is on (a step tests its
+        # rows against each set at C speed).
         self.seed = [0] * max_reqs
-        self.special = [False] * max_reqs
-        self.logprobs: list[int | None] = [None] * max_reqs
-        self.scaled = [False] * max_reqs  # temperature != 1 on a random row
-        self.top_k_on = [False] * max_reqs
-        self.top_p_on = [False] * max_reqs
-        self.min_p_on = [False] * max_reqs
+        self.logprobs: dict[int, int] = {}  # slot -> top logprobs asked
+        self.random: set[int] = set()  # not greedy
+        self.special: set[int] = set()
+        self.scaled: set[int] = set()  # temperature != 1 on a random row
+        self.top_k_on: set[int] = set()
+        self.top_p_on: set[int] = set()
+        self.min_p_on: set[int] = set()
 
     def set(self, slot: int, params: SamplingParams, seed: int) -> None:
         greedy = params.greedy
@@ -44,32 +45,40 @@ class SamplingColumns:
         min_p = 0.0 if greedy else params.min_p
         self.temperature[slot], self.top_k[slot], self.top_p[slot], self.min_p[slot] = temp, top_k, top_p, min_p
         self.greedy_mask[slot] = greedy
-        self.greedy[slot], self.seed[slot], self.logprobs[slot] = greedy, seed, params.logprobs
-        self.scaled[slot], self.top_k_on[slot] = temp != 1.0, top_k != v
-        self.top_p_on[slot], self.min_p_on[slot] = top_p != 1.0, min_p != 0.0
-        self.special[slot] = bool(
+        self.seed[slot] = seed
+        self.logprobs.pop(slot, None)
+        if params.logprobs is not None:
+            self.logprobs[slot] = params.logprobs
+        special = bool(
             params.has_penalties or params.logit_bias or params.allowed_token_ids is not None
             or params.min_tokens or params.bad_words
         )
+        for flags, on in ((self.random, not greedy), (self.special, special), (self.scaled, temp != 1.0),
+                          (self.top_k_on, top_k != v), (self.top_p_on, top_p != 1.0), (self.min_p_on, min_p != 0.0)):
+            if on:
+                flags.add(slot)
+            else:
+                flags.discard(slot)
 
     def metadata(self, row_slots: list[int], positions: list[int]) -> SamplingMetadata | None:
         """Metadata for rows of non-special requests: row i belongs to slot ``row_slots[i]`` and samples
         output position ``positions[i]``; ``None`` if a row belongs to a special request."""
-        special = self.special
-        if any(special[s] for s in row_slots):
+        if not self.special.isdisjoint(row_slots):
             return None
-        greedy = self.greedy
-        is_greedy = tuple(greedy[s] for s in row_slots)
-        all_greedy = all(is_greedy)
-        seed = self.seed
-        keys = (0,) * len(row_slots) if all_greedy else tuple(
-            0 if greedy[s] else position_key(seed[s], p) for s, p in zip(row_slots, positions)
-        )
-        logprobs = [n for n in (self.logprobs[s] for s in row_slots) if n is not None]
+        n = len(row_slots)
+        random = self.random
+        all_greedy = random.isdisjoint(row_slots)
+        if all_greedy:
+            is_greedy, keys = (True,) * n, (0,) * n
+        else:
+            seed = self.seed
+            is_greedy = tuple(s not in random for s in row_slots)
+            keys = tuple(position_key(seed[s], p) if s in random else 0 for s, p in zip(row_slots, positions))
+        logprobs = [self.logprobs[s] for s in row_slots if s in self.logprobs] if self.logprobs else None
         idx: list[torch.Tensor] = []
 
-        def column(on: list[bool] | None, values: torch.Tensor) -> torch.Tensor | None:
-            if on is not None and not any(on[s] for s in row_slots):
+        def column(on: set[int] | None, values: torch.Tensor) -> torch.Tensor | None:
+            if on is not None and on.isdisjoint(row_slots):
                 return None
             if not idx:
                 idx.append(torch.tensor(row_slots, dtype=torch.int64).to(self.device, non_blocking=True))
@@ -79,10 +88,10 @@ class SamplingColumns:
         top_p = column(self.top_p_on, self.top_p)
         min_p = column(self.min_p_on, self.min_p)
         temperature = column(self.scaled, self.temperature)
-        greedy_mask = (torch.ones(len(row_slots), dtype=torch.bool, device=self.device) if all_greedy
+        greedy_mask = (torch.ones(n, dtype=torch.bool, device=self.device) if all_greedy
                        else column(None, self.greedy_mask))
         return SamplingMetadata(
-            num_rows=len(row_slots),
+            num_rows=n,
             vocab_size=self.vocab_size,
             device=self.device,
             all_greedy=all_greedy,
