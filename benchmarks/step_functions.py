@@ -26,6 +26,7 @@ SPECS = {
     "none": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 3},
     "eagle": {"method": "eagle", "num_speculative_tokens": 3},
+    "eagle-fixed": {"method": "eagle", "num_speculative_tokens": 3, "policy": "fixed"},  # drafts every step
     "eagle3": {"method": "eagle3", "num_speculative_tokens": 3},
     "mtp": {"method": "mtp", "num_speculative_tokens": 3},
 }
@@ -60,6 +61,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4, help="streams (default 4)")
     ap.add_argument("--spec", choices=sorted(SPECS), default="none")
     ap.add_argument("--async", dest="async_", type=int, default=1, help="async scheduling 1/0 (default 1)")
+    ap.add_argument("--warm", type=int, default=12, help="steps before the counted one (default 12: past the "
+                    "prefills and the first decode steps, which build the native layer tables once)")
     ap.add_argument("--list", action="store_true", help="print every function counted")
     ap.add_argument("--json", help="write the counts here")
     args = ap.parse_args()
@@ -67,7 +70,7 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     for i in range(args.n):
         llm.add_request(f"def function_{i}(x):\n    ", params)
-    seen = count_step(llm, warm_steps=6)
+    seen = count_step(llm, warm_steps=args.warm)
     files = sorted({f for f, _, _ in seen})
     named = [key for key in seen if "<" not in key[1].rsplit(".", 1)[-1]]
     named_files = {f for f, _, _ in named}

@@ -237,16 +237,6 @@ class KVCacheManager:
         """
         rid = req.request_id
         held = self._blocks.get(rid)
-        if held is not None and new_computed_blocks is None and self.num_groups == 1:
-            # A running request of a model without window groups (nothing to release): most steps, its blocks
-            # already cover the new tokens and nothing changes.
-            total = req.num_computed_tokens + num_new_tokens
-            if num_lookahead_tokens:
-                total += num_lookahead_tokens
-                if req.max_model_len is not None:
-                    total = min(total, max(req.max_model_len, req.num_computed_tokens + num_new_tokens))
-            if -(-total // self.block_size) <= len(held[0]):
-                return True
         hits = new_computed_blocks or [[] for _ in self.group_windows]
         held = held or [[] for _ in self.group_windows]
         released = self._released.get(rid) or [0] * self.num_groups
@@ -306,6 +296,16 @@ class KVCacheManager:
         """:meth:`allocate_slots` for a chunk of ``num_new_tokens``; with ``shrink``, halved (not below one
         block) until it fits — a prefill chunk needs every block of its window groups at once, so a smaller
         chunk fits where a whole prompt does not. Returns the tokens allocated for, 0 when nothing fits."""
+        if new_computed_blocks is None and self.num_groups == 1 and (held := self._blocks.get(req.request_id)):
+            # A running request of a model without window groups (nothing to release): most steps, its blocks
+            # already cover the new tokens and nothing changes.
+            total = req.num_computed_tokens + num_new_tokens
+            if num_lookahead_tokens:
+                total += num_lookahead_tokens
+                if req.max_model_len is not None:
+                    total = min(total, max(req.max_model_len, req.num_computed_tokens + num_new_tokens))
+            if -(-total // self.block_size) <= len(held[0]):
+                return num_new_tokens
         while not self.allocate_slots(req, num_new_tokens, new_computed_blocks, num_lookahead_tokens):
             if not shrink or num_new_tokens <= self.block_size:
                 return 0
@@ -321,7 +321,7 @@ class KVCacheManager:
         if not held:
             return
         starts = self._num_cached.get(req.request_id) or [0] * self.num_groups
-        upto = min(num_completed_tokens, req.num_tokens) // self.block_size
+        upto = min(num_completed_tokens, len(req.prompt_token_ids) + len(req.output_token_ids)) // self.block_size
         if upto <= min(starts):
             return
         self.update_block_hashes(req)

@@ -63,10 +63,6 @@ class InFlightStep(NamedTuple):
     samples: bool  # the step samples a token (it reaches the end of the known tokens)
     num_placeholders: int  # 1 + num_drafts when it samples, else 0: the outputs it promised
 
-    @classmethod
-    def of(cls, step_id: int, num_scheduled: int, num_drafts: int, samples: bool) -> InFlightStep:
-        return cls(step_id, num_scheduled, num_drafts, samples, 1 + num_drafts if samples else 0)
-
 
 class InvariantError(AssertionError):
     """A ledger invariant does not hold: always a bug in tandem, never bad input."""

@@ -235,7 +235,7 @@ class Scheduler:
             epochs[rid] = req.epoch
             if samples:
                 sampling.add(rid)
-            step = InFlightStep.of(step_id, n, n_drafts, samples)
+            step = InFlightStep(step_id, n, n_drafts, samples, 1 + n_drafts if samples else 0)
             req.inflight.append(step)
             req.num_computed_tokens += n
             req.num_output_placeholders += step.num_placeholders
@@ -358,9 +358,8 @@ class Scheduler:
             if num_valid > 0 or num_invalid:
                 req.spec_stats.observe(num_valid, num_accepted, num_invalid)
                 self.counters.spec.observe(num_valid, num_accepted, num_invalid)
-                self.spec_policy.observe_drafts(req, num_valid, num_accepted)
         if self.num_spec_tokens and step.num_scheduled == step.num_drafts + 1:  # a decode step
-            self.spec_policy.record(num_valid)
+            self.spec_policy.observe_drafts(req, num_valid, num_accepted)
         logprobs = out.logprobs[idx] if out.logprobs is not None and idx is not None else None
 
         new_tokens = sampled

@@ -63,10 +63,6 @@ MIN_FIT_STEPS = 4
 TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
 
 
-def _seeded(req: Request) -> bool:
-    return req.sampling_params.seed is not None and req.sampling_params.temperature >= 1e-5
-
-
 def temperature_class(temperature: float) -> int:
     return 0 if temperature < 1e-5 else 1 if temperature <= 0.8 else 2
 
@@ -83,30 +79,21 @@ class StepCost:
     steps: int = 0
     fixed: float = 0.0
     per_row: float = 0.0
+    # Enough steps, of different sizes (relative spread of the rows seen, std / mean, >= 5 %), to fit.
+    fitted: bool = False
 
     def observe(self, rows: int, seconds: float) -> None:
         d = COST_DECAY
         self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + rows, d * self.sy + seconds
         self.sxx, self.sxy = d * self.sxx + rows * rows, d * self.sxy + rows * seconds
         self.steps += 1
+        mean_x, mean_y = self.sx / self.n, self.sy / self.n
+        var = self.sxx / self.n - mean_x * mean_x
+        self.fitted = self.steps >= MIN_FIT_STEPS and max(var, 0.0) ** 0.5 >= 0.05 * max(mean_x, 1e-9)
         if self.fitted:
-            mean_x, mean_y = self.sx / self.n, self.sy / self.n
-            var = self.sxx / self.n - mean_x * mean_x
             slope = (self.sxy / self.n - mean_x * mean_y) / var
             self.per_row = max(slope, 1e-3 * mean_y / max(mean_x, 1.0))  # noise never makes rows free
             self.fixed = max(mean_y - self.per_row * mean_x, 0.0)
-
-    @property
-    def spread(self) -> float:
-        """Relative spread of the rows seen (std / mean): the fit needs steps of different sizes."""
-        if self.n <= 0:
-            return 0.0
-        mean = self.sx / self.n
-        return max(self.sxx / self.n - mean * mean, 0.0) ** 0.5 / max(mean, 1e-9)
-
-    @property
-    def fitted(self) -> bool:
-        return self.steps >= MIN_FIT_STEPS and self.spread >= 0.05
 
     def as_dict(self) -> dict[str, float | int | bool]:
         return {"fitted": self.fitted, "fixed_s": self.fixed, "per_row_s": self.per_row, "steps": self.steps}
@@ -128,12 +115,10 @@ class FixedPolicy:
         for every request that decodes this step. Sets ``propose_k``: the drafts made during this step."""
         return {req.request_id: cap for req, cap in decode}
 
-    def record(self, num_drafts: int) -> None:
-        """A decode step of one request came back having verified ``num_drafts`` drafts."""
-        self.verified_k[min(num_drafts, self.k)] += 1
-
     def observe_drafts(self, req: Request, num_valid: int, num_accepted: int) -> None:
-        """Verification of ``num_valid`` drafts of ``req`` accepted ``num_accepted``."""
+        """A decode step of ``req`` came back: it verified ``num_valid`` drafts (0: none) and accepted
+        ``num_accepted``."""
+        self.verified_k[min(num_valid, self.k)] += 1
 
     def observe_step(self, so: SchedulerOutput, busy: bool) -> None:
         """Step ``so`` came back; ``busy``: requests are still running (the next step follows at once)."""
@@ -161,9 +146,17 @@ class AdaptivePolicy(FixedPolicy):
         self.cost = StepCost()
         self._since_explore = 0
         self._verify_all_next = False  # exploring: drafts were asked for the next step, which verifies them all
+        # request id -> (its temperature class, whether it is seeded and samples), learned once
+        self._kind: dict[str, tuple[int, bool]] = {}
+
+    def _kind_of(self, req: Request) -> tuple[int, bool]:
+        p = req.sampling_params
+        kind = self._kind[req.request_id] = (temperature_class(p.temperature),
+                                             p.seed is not None and p.temperature >= 1e-5)
+        return kind
 
     def _alpha(self, req: Request) -> list[float]:
-        cls = self.by_class[temperature_class(req.sampling_params.temperature)]
+        cls = self.by_class[self._kind[req.request_id][0]]
         own = self._own(req.request_id)
         if own is None:
             return cls
@@ -206,6 +199,8 @@ class AdaptivePolicy(FixedPolicy):
         if not decode:
             return {}
         self._step += 1
+        kinds = self._kind
+        seeded = [(kinds.get(req.request_id) or self._kind_of(req))[1] for req, _ in decode]
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
         full = [lim for _, lim in limits]
@@ -223,14 +218,16 @@ class AdaptivePolicy(FixedPolicy):
                 self._verify_all_next, want = True, full  # ... or drafts now, all verified next step
         # A seed asks for reproducible outputs: which random numbers a sampled request consumes depends on its
         # k, so a seeded one is never varied (every draft, as under "fixed").
-        want = [self.k if _seeded(req) else w for (req, _), w in zip(decode, want)]
+        want = [self.k if s else w for s, w in zip(seeded, want)]
         self.propose_k = max(want)
         return {req.request_id: min(w, cap) for (req, cap), w in zip(decode, want)}
 
     def observe_drafts(self, req: Request, num_valid: int, num_accepted: int) -> None:
+        self.verified_k[min(num_valid, self.k)] += 1
         if num_valid <= 0:
             return
-        cls = self.by_class[temperature_class(req.sampling_params.temperature)]
+        kind = self._kind.get(req.request_id) or self._kind_of(req)
+        cls = self.by_class[kind[0]]
         own = self._own(req.request_id)
         if own is None:
             own = ([0.0] * self.k, [0.0] * self.k)
@@ -253,6 +250,7 @@ class AdaptivePolicy(FixedPolicy):
 
     def forget(self, request_id: str) -> None:
         self.by_request.pop(request_id, None)
+        self._kind.pop(request_id, None)
 
     def as_dict(self) -> dict[str, object]:
         out = super().as_dict()

@@ -24,6 +24,6 @@ def check_stop(req: Request, token_id: int) -> RequestStatus | None:
             return RequestStatus.FINISHED_STOPPED
     if req.max_tokens is not None and n_out >= req.max_tokens:
         return RequestStatus.FINISHED_LENGTH
-    if req.max_model_len is not None and req.num_tokens >= req.max_model_len:
+    if req.max_model_len is not None and len(req.prompt_token_ids) + n_out >= req.max_model_len:
         return RequestStatus.FINISHED_LENGTH
     return None

@@ -133,7 +133,7 @@ class EngineCore:
         return self._update(so, self._wait(so, fut))
 
     def step_async(self) -> list[EngineCoreOutput]:
-        if self.scheduler.has_unfinished_requests() and len(self._queue) < QUEUE_DEPTH:
+        if self.scheduler.requests and len(self._queue) < QUEUE_DEPTH:  # (unfinished requests)
             so = self._schedule()
             if so.num_scheduled_tokens:
                 self._queue.append((so, self.executor.execute_model(so)))

@@ -52,12 +52,10 @@ class IncrementalDetokenizer:
             self._pieces = ["".join(self._pieces)]
         return self._pieces[0] if self._pieces else ""
 
-    def _decode(self, start: int, end: int | None = None) -> str:
-        return self._tokenizer.decode(self._ids[start:end], skip_special_tokens=self._skip)
-
     def _emit(self, force: bool) -> str:
-        prefix_text = self._decode(self._prefix_offset, self._read_offset)
-        new_text = self._decode(self._prefix_offset)
+        decode, ids, skip = self._tokenizer.decode, self._ids, self._skip
+        prefix_text = decode(ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip)
+        new_text = decode(ids[self._prefix_offset :], skip_special_tokens=skip)
         if len(new_text) <= len(prefix_text) or (new_text.endswith(_REPLACEMENT) and not force):
             return ""
         delta = new_text[len(prefix_text) :]

@@ -73,7 +73,7 @@ class BlockPart:
     data: torch.Tensor  # uint8 [rows, row_bytes], contiguous
     interleaved: bool = False  # block_repack's layout (16 rows at a time), else GGML's rows
 
-    @property
+    @cached_property
     def rows(self) -> int:
         return int(self.data.shape[0])
 
@@ -209,11 +209,19 @@ class BlockQuantWeight:
         return replace(self, activations=activations)
 
     # -- what it is ------------------------------------------------------------------------------------
-    @property
+    @cached_property
     def shape(self) -> torch.Size:
         return torch.Size((sum(p.rows for p in self.parts), self.in_features))
 
-    @property
+    @cached_property
+    def qtypes(self) -> frozenset[int]:
+        return frozenset(p.qtype for p in self.parts)
+
+    @cached_property
+    def all_interleaved(self) -> bool:
+        return all(p.interleaved for p in self.parts)
+
+    @cached_property
     def device(self) -> torch.device:
         return self.parts[0].data.device
 

@@ -43,8 +43,8 @@ def block_quant_linear(
         raise ValueError(f"block-quantized weight {weight.name!r}: float32 activations, got {x.dtype}")
     if kernel is None and native:
         kernel = _quant_linear.quant_linear_kernel()
-    if kernel is not None and kernel.supports(weight) and x.device.type == "cpu":
-        few = QUANT_FEW_ROWS_INTERLEAVED if all(p.interleaved for p in weight.parts) else QUANT_FEW_ROWS
+    if kernel is not None and weight.qtypes <= kernel.supported and x.device.type == "cpu":
+        few = QUANT_FEW_ROWS_INTERLEAVED if weight.all_interleaved else QUANT_FEW_ROWS
         if x.dim() == 2 and 1 <= x.shape[0] <= min(few, kernel.max_rows):
             res = None if residual is None else residual.contiguous()
             return kernel(x, weight, None if bias is None else bias.contiguous(), res)

@@ -16,6 +16,7 @@ Invariants (checked by :meth:`ForwardBatch.validate`):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -42,14 +43,13 @@ class ForwardBatch:
     # mappings, like the two above (which are group 0's). Empty: every layer uses the two above.
     group_block_tables: list[torch.Tensor] = field(default_factory=list)
     group_slot_mappings: list[torch.Tensor] = field(default_factory=list)
+    # T and B (derived; a batch is built once per forward and never changed: ``replace`` builds a new one)
+    num_tokens: int = field(init=False)
+    num_reqs: int = field(init=False)
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.seq_lens)
+    def __post_init__(self) -> None:
+        self.num_tokens = int(self.input_ids.shape[0])
+        self.num_reqs = len(self.seq_lens)
 
     def query_len(self, i: int) -> int:
         return self.query_start_loc[i + 1] - self.query_start_loc[i]
@@ -114,10 +114,10 @@ class KVCache:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
-    @property
+    @cached_property
     def num_blocks(self) -> int:
         return int(self.k[0].shape[0])
 
-    @property
+    @cached_property
     def block_size(self) -> int:
         return int(self.k[0].shape[1])

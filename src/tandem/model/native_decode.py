@@ -37,17 +37,6 @@ def native_decode_enabled() -> bool:
     return overrides.native_decode_enabled()
 
 
-def short_paged_step(metadata: object, rows: int, max_rows: int) -> bool:
-    """Whether a forward of ``rows`` rows with this attention metadata is a short step the native kernels
-    take: the CPU paged backend, short queries only, 1 .. ``max_rows`` rows."""
-    return (
-        isinstance(metadata, PagedCpuMetadata)
-        and not metadata.long_queries
-        and metadata.short is not None
-        and 1 <= rows <= max_rows
-    )
-
-
 class NativeDecode:
     """Decides per forward whether the native stack applies, and runs it. One per model."""
 
@@ -70,7 +59,7 @@ class NativeDecode:
             hidden_act=args.hidden_act,
         )
         self._table: LayerTable | None = None
-        self._table_key: tuple[int, ...] = ()
+        self._table_kv: KVCache | None = None  # the cache the table was built for (kept: the table holds its tensors)
 
     @classmethod
     def create(cls, model: CausalLM) -> NativeDecode | None:
@@ -85,12 +74,17 @@ class NativeDecode:
         return None if kernel is None else cls(model, kernel)
 
     def applies(self, batch: ForwardBatch) -> bool:
-        """(Every KV cache group's metadata splits the batch's queries the same way: by their lengths.)"""
-        return short_paged_step(batch.attn_metadata, batch.num_tokens, self.kernel.max_rows)
+        """Whether the batch is a short step the native kernels take: the CPU paged backend, short queries
+        only, 1 .. ``max_rows`` rows. (Every KV cache group's metadata splits the batch's queries the same way:
+        by their lengths.)"""
+        meta = batch.attn_metadata
+        return (isinstance(meta, PagedCpuMetadata) and not meta.long_queries and meta.short is not None
+                and 1 <= batch.num_tokens <= self.kernel.max_rows)
 
     def _layer_table(self, kv_cache: KVCache) -> LayerTable:
-        key = tuple(t.data_ptr() for t in (*kv_cache.k, *kv_cache.v))
-        if self._table is None or key != self._table_key:
+        """Built for the first cache the model runs on, and again only if another one comes (the runner passes
+        the same cache every step; its tensors are never replaced)."""
+        if self._table is None or kv_cache is not self._table_kv:
             layers = [
                 {
                     "qkv": layer.qkv, "qkv_bias": layer.qkv_bias, "qk_norm": layer.qk_norm,
@@ -101,7 +95,7 @@ class NativeDecode:
                 for layer in self._layers
             ]
             self._table = self.kernel.layer_table(self.shape, layers, kv_cache.k, kv_cache.v)
-            self._table_key = key
+            self._table_kv = kv_cache
         return self._table
 
     def run(
@@ -118,15 +112,12 @@ class NativeDecode:
         for meta in metas:
             assert isinstance(meta, PagedCpuMetadata) and meta.short is not None
             groups.append((meta.slot_mapping, meta.short))
-        table = self._layer_table(kv_cache)
+        table = self._table if kv_cache is self._table_kv else self._layer_table(kv_cache)
         x = x.contiguous()  # the embedding's fresh output: the kernel overwrites it in place
-        rows = x.shape[0]
-
-        def pairs(rotations: torch.Tensor) -> torch.Tensor:
-            return torch.view_as_real(rotations).reshape(rows, self.shape.head_dim).contiguous()
-
-        rot = pairs(ctx.rotations)
-        local = None if ctx.local_rotations is None else pairs(ctx.local_rotations)
+        rows, head_dim = x.shape[0], self.shape.head_dim
+        # (cos, sin) pairs as float32 rows
+        rot, local = (None if r is None else torch.view_as_real(r).reshape(rows, head_dim).contiguous()
+                      for r in (ctx.rotations, ctx.local_rotations))
         aux: list[torch.Tensor | None] | None = None
         captured: dict[int, torch.Tensor] = {}
         if aux_hidden_layers:

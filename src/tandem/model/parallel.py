@@ -151,7 +151,7 @@ def vocab_parallel_embedding(
     """``weight`` holds rows ``shard.vocab`` of the embedding; returns the full ``[T, hidden]`` lookup.
     ``kernel``: the native block kernels for a block-quantized table (None: the reference)."""
     if isinstance(weight, BlockQuantWeight):  # one rank holds every row (block_quant refuses more)
-        return embedding(ids, weight, torch.float32, kernel=kernel)
+        return kernel.rows(weight, ids) if kernel is not None else embedding(ids, weight, torch.float32)
     local = ids - shard.vocab[0]
     inside = (local >= 0) & (local < shard.vocab_size)
     out = F.embedding(torch.where(inside, local, torch.zeros_like(local)), weight)

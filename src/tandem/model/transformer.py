@@ -221,7 +221,7 @@ class CausalLM(nn.Module):
                                  "every group's block tables (group_block_tables)")
             ctx = replace(ctx, group_metadata=tuple(self._group_metadata(batch, bs)))
         x = self.embed(batch.input_ids)
-        native = self._native_decode()
+        native = self._native if self._native_resolved else self._native_decode()
         if native is not None and native.applies(batch):
             x, aux = native.run(batch, ctx, kv_cache, x, aux_hidden_layers)
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -74,7 +75,7 @@ class LayerTable:
     block_quant: bool = False  # whether any matrix is GGUF block-quantized (has a descriptor)
     num_groups: int = 1  # the KV cache groups the layers name (one more than the highest)
 
-    @property
+    @cached_property
     def weights(self) -> torch.dtype:
         return self.weight_dtype or self.dtype
 

@@ -8,7 +8,7 @@ index it reads from the tables to the tensors' bounds.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,10 +39,10 @@ class PagedAttentionIndices:
     q_len: torch.Tensor  # [n] int64 query rows of each
     num_rows: int  # T, the query rows of the forward
     window: int = 0  # a sliding window (each query sees its last ``window`` positions); 0 = none
+    num_reqs: int = field(init=False)  # the batch rows to attend (``req``'s length)
 
-    @property
-    def num_reqs(self) -> int:
-        return int(self.req.shape[0])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_reqs", int(self.req.shape[0]))
 
 
 class PagedAttentionKernel:

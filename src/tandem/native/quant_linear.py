@@ -35,9 +35,11 @@ class QuantLinearKernel:
         self._rows = lib.tandem_quant_rows
         self._rows.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, ctypes.c_int]
         self._rows.restype = ctypes.c_int
+        # GGML type ids with a kernel here (ids are small; 64 covers every type gguf-py knows)
+        self.supported = frozenset(t for t in range(64) if self._supported(t))
 
     def supports(self, weight: BlockQuantWeight) -> bool:
-        return all(self._supported(p.qtype) for p in weight.parts)
+        return weight.qtypes <= self.supported
 
     def _check(self, weight: BlockQuantWeight) -> None:
         if weight.device.type != "cpu":
@@ -59,7 +61,8 @@ class QuantLinearKernel:
             raise ValueError(f"quant linear: x {x.dtype} {tuple(x.shape)} for a [{out}, {inp}] float32 product")
         if not 1 <= rows <= self.max_rows:
             raise ValueError(f"quant linear: {rows} rows, at most {self.max_rows}")
-        self._check(weight)
+        if weight.device.type != "cpu":
+            raise ValueError("quant linear: CPU weights only")
         if x.stride(1) != 1:
             x = x.contiguous()
         if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (out,) or not bias.is_contiguous()):
@@ -76,6 +79,8 @@ class QuantLinearKernel:
         )  # fmt: skip
         if rc == -2:
             raise MemoryError("quant linear: out of scratch memory")
+        if rc == -3:
+            self._check(weight)  # names the types without a kernel
         if rc != 0:
             raise RuntimeError(f"quant linear: kernel returned {rc}")
         return y
@@ -83,12 +88,15 @@ class QuantLinearKernel:
     def rows(self, weight: BlockQuantWeight, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` (any shape; clamped into the matrix) dequantized to float32, without the gain:
         ``[*ids.shape, in]`` (an embedding lookup)."""
-        self._check(weight)
+        if weight.device.type != "cpu":
+            raise ValueError("quant linear: CPU weights only")
         flat = ids.reshape(-1).to(device="cpu", dtype=torch.int64).contiguous()
         out = torch.empty(flat.numel(), weight.in_features, dtype=torch.float32)
         if flat.numel():
             rc = self._rows(weight.descriptor.data_ptr(), flat.data_ptr(), 0, flat.numel(), out.data_ptr(),
                             torch.get_num_threads())
+            if rc == -3:
+                self._check(weight)  # names the types without a kernel
             if rc != 0:
                 raise RuntimeError(f"quant rows: kernel returned {rc}")
         return out.reshape(*ids.shape, weight.in_features)

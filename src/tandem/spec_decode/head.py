@@ -172,7 +172,7 @@ class DraftHead(nn.Module):
         """The decoder layer's residual stream ``[N, H]`` and its (normed) attention input ``[N, H or
         2H]``: the method's fusion of the tokens' embeddings and the features (table above)."""
         method, mm = self.cfg.method, self.linear
-        emb = embedding(ids, self.embed, self.dtype, kernel=self.linear.quant)
+        emb = embedding(ids, self.embed, self._dtype, kernel=self.linear.quant)
         if method == "eagle":
             residual = mm.linear(torch.cat([emb, feat], dim=-1), self.fc, self._opt("fc.bias"))
             w = self._opt("input_layernorm.weight")

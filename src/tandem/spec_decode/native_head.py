@@ -23,7 +23,7 @@ import torch
 
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
 from tandem.model.forward_batch import KVCache
-from tandem.model.native_decode import native_decode_enabled, short_paged_step
+from tandem.model.native_decode import native_decode_enabled
 from tandem.model.quant import Int8Weight
 from tandem.native.decode_forward import (
     DTYPES,
@@ -82,7 +82,9 @@ class NativeHeadLayer:
         return None if kernel is None else cls(head, kv_cache, kernel)
 
     def applies(self, metadata: Any, rows: int) -> bool:
-        return short_paged_step(metadata, rows, self.kernel.max_rows)
+        """A short step the native kernels take: the CPU paged backend, short queries only, 1 .. max rows."""
+        return (isinstance(metadata, PagedCpuMetadata) and not metadata.long_queries and metadata.short is not None
+                and 1 <= rows <= self.kernel.max_rows)
 
     def __call__(
         self, residual: torch.Tensor, attn_in: torch.Tensor, positions: torch.Tensor, metadata: PagedCpuMetadata

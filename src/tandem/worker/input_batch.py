@@ -89,7 +89,8 @@ class InputBatch:
                 if new:
                     groups[g].append((st.slot, len(st.group_block_ids[g]), new))
                     st.group_block_ids[g].extend(new)
-        self._write_blocks(main, groups)
+        if main or any(groups):
+            self._write_blocks(main, groups)
 
     def _write_blocks(
         self, main: list[tuple[int, int, list[int]]], groups: list[list[tuple[int, int, list[int]]]]

@@ -121,19 +121,20 @@ def prepare_inputs(
         seq_lens.append(start_ub + n)
         logits_rows.extend(sample_rows)
 
+    i64 = {"dtype": torch.int64, "device": device}
     # Sync scheduling: the host's drafts are authoritative; put them where the gather reads drafts.
     for p in plans:
         if p.host_drafts is not None:
-            ib.drafts[p.slot, : p.num_slots] = _tensor(p.host_drafts, device)
+            ib.drafts[p.slot, : p.num_slots] = torch.tensor(p.host_drafts, **i64)
             ib.drafts[p.slot, p.num_slots :] = -1
-    slots_t = _tensor(slots, device)
+    slots_t = torch.tensor(slots, **i64)
     base = ib.num_computed.index_select(0, slots_t)
     if decode_only:
         row_slot_t, positions = slots_t, base
         ids = ib.tokens[slots_t, positions.clamp(max=ib.trash)]
     else:
-        row_slot_t, row_offset_t, row_draft_t = _tensor([row_slot, row_offset, row_draft], device)
-        req_of_row = torch.repeat_interleave(torch.arange(len(plans), device=device), _tensor(n_list, device))
+        row_slot_t, row_offset_t, row_draft_t = torch.tensor([row_slot, row_offset, row_draft], **i64)
+        req_of_row = torch.repeat_interleave(torch.arange(len(plans), device=device), torch.tensor(n_list, **i64))
         positions = base.index_select(0, req_of_row) + row_offset_t
         history = ib.tokens[row_slot_t, positions.clamp(max=ib.trash)]
         drafts = ib.drafts[row_slot_t, row_draft_t.clamp(min=0)]
@@ -153,14 +154,10 @@ def prepare_inputs(
         block_tables=ib.block_table.index_select(0, slots_t)[:, :width],
         query_start_loc=list(itertools.accumulate(n_list, initial=0)),
         seq_lens=seq_lens,
-        logits_indices=None if every_row or not logits_rows else _tensor(logits_rows, device),
-        seq_lens_dev=None if all(p.exact for p in plans) else base + _tensor(n_list, device),
+        logits_indices=None if every_row or not logits_rows else torch.tensor(logits_rows, **i64),
+        seq_lens_dev=None if all(p.exact for p in plans) else base + torch.tensor(n_list, **i64),
     )
     row_to_logit = {r: i for i, r in enumerate(logits_rows)}
     sampling_index = [i for i, p in enumerate(plans) if p.samples]
     return StepInputs(batch, plans, logits_rows, row_to_logit, base, [plans[i] for i in sampling_index],
                       sampling_index, any_plp)
-
-
-def _tensor(x: list, device: torch.device) -> torch.Tensor:
-    return torch.tensor(x, dtype=torch.int64).to(device, non_blocking=True)

@@ -90,7 +90,7 @@ class ModelRunner:
     # -- state -------------------------------------------------------------------------------------------
     def abandon(self, req_ids: Iterable[str]) -> None:
         """The engine aborted these requests (a client went away); a queued step that computes nothing else
-        is skipped (:meth:`_execute`). Called from the engine's thread: one set update, atomic."""
+        is skipped (:meth:`execute_model`). Called from the engine's thread: one set update, atomic."""
         self.abandoned.update(req_ids)
 
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -124,68 +124,65 @@ class ModelRunner:
         # The "execute" span is the step's device window: the trace analysis measures how much of the
         # host's scheduling of the next step falls inside it.
         with self.tracer.span("execute", track="device", step=so.step_id, reqs=len(so.num_scheduled_tokens)):
-            return self._execute(so)
-
-    def _execute(self, so: SchedulerOutput) -> PendingStep:
-        tr = self.tracer
-        with tr.span("prepare_inputs", track="device", step=so.step_id):
-            self._update_states(so)
-            if not so.num_scheduled_tokens or (self.abandoned and self._only_abandoned(so)):
-                return PendingStep.empty(self.device)
-            stale = set(self._pending.req_ids) if self._pending is not None else set()
-            step = prepare_inputs(so, self.batch, block_size=self.block_size, stale=stale, device=self.device)
-        aux = self.proposer.aux_hidden_layers if self.proposer is not None else ()
-        with tr.span("forward", track="device", step=so.step_id, tokens=step.batch.num_tokens):
-            fwd = self.model(step.batch, self.kv_cache, aux_hidden_layers=aux)
-            rows = step.batch.logits_indices
-            hidden = fwd.hidden_states if rows is None else fwd.hidden_states[rows]
-            logits = self.model.compute_logits(hidden) if step.logits_rows else None
-        if self._pending is not None:
-            # Deferred reconciliation: the host learns step N's results only now, after step N+1 was
-            # launched from device-corrected inputs.
-            with tr.span("reconcile", track="device", step=self._pending.step_id):
-                self._reconcile(self._pending)
-            self._pending = None
-        prompt_lp = self._prompt_logprobs(step, logits) if step.any_prompt_logprobs and logits is not None else {}
-        pooled = self.pooler(step.plans, fwd.hidden_states) if self.pooler is not None else {}
-        sampling = step.sampling
-        sampled = torch.empty(0, 1, dtype=torch.int64, device=self.device)
-        lp: LogprobsTensors | None = None
-        num_valid: list[int] = []
-        num_invalid: list[int] = []
-        if sampling:
-            assert logits is not None
-            name = "rejection_sample" if any(p.num_slots for p in sampling) else "sample"
-            with tr.span(name, track="device", step=so.step_id, reqs=len(sampling)) as span:
-                sampled, lp, num_valid, num_invalid = self._sample(step, sampling, logits)
-                span.args["drafts"] = sum(num_valid)
-        self._commit_on_device(step, sampled)
-        drafts, applied = None, False
-        # Drafts asked for the next step (the speculation policy's choice).
-        k_step = self.k if so.num_drafts_to_propose is None else min(self.k, so.num_drafts_to_propose)
-        # A drafter with its own KV (EAGLE / MTP) also sees steps where no request samples.
-        if self.k and (sampling or self.proposer.needs_prefill_steps):  # type: ignore[union-attr]
-            drafts, applied = self._propose(so.step_id, step, sampled, fwd, k_step)
-        pending = PendingStep(
-            step_id=so.step_id,
-            req_ids=[p.req_id for p in step.plans],
-            sampling=sampling,
-            sampled=sampled,
-            drafts=drafts,
-            num_valid=num_valid,
-            num_invalid=num_invalid,
-            logprobs=lp,
-            prompt_logprobs=prompt_lp,
-            send_drafts=not self.async_scheduling and self.k > 0,
-            tokens_applied=applied,
-            pooled=pooled,
-        )
-        if self.deferred:
-            self._pending = pending  # reconciled after the next step's forward is launched
-        else:
-            with tr.span("wait_accepted_counts", track="wait", step=so.step_id):
-                self._reconcile(pending)
-        return pending
+            tr = self.tracer
+            with tr.span("prepare_inputs", track="device", step=so.step_id):
+                self._update_states(so)
+                if not so.num_scheduled_tokens or (self.abandoned and self._only_abandoned(so)):
+                    return PendingStep.empty(self.device)
+                stale = set(self._pending.req_ids) if self._pending is not None else set()
+                step = prepare_inputs(so, self.batch, block_size=self.block_size, stale=stale, device=self.device)
+            aux = self.proposer.aux_hidden_layers if self.proposer is not None else ()
+            with tr.span("forward", track="device", step=so.step_id, tokens=step.batch.num_tokens):
+                fwd = self.model(step.batch, self.kv_cache, aux_hidden_layers=aux)
+                rows = step.batch.logits_indices
+                hidden = fwd.hidden_states if rows is None else fwd.hidden_states[rows]
+                logits = self.model.compute_logits(hidden) if step.logits_rows else None
+            if self._pending is not None:
+                # Deferred reconciliation: the host learns step N's results only now, after step N+1 was
+                # launched from device-corrected inputs.
+                with tr.span("reconcile", track="device", step=self._pending.step_id):
+                    self._reconcile(self._pending)
+                self._pending = None
+            prompt_lp = self._prompt_logprobs(step, logits) if step.any_prompt_logprobs and logits is not None else {}
+            pooled = self.pooler(step.plans, fwd.hidden_states) if self.pooler is not None else {}
+            sampling = step.sampling
+            sampled = torch.empty(0, 1, dtype=torch.int64, device=self.device)
+            lp: LogprobsTensors | None = None
+            num_valid: list[int] = []
+            num_invalid: list[int] = []
+            if sampling:
+                assert logits is not None
+                name = "rejection_sample" if any(p.num_slots for p in sampling) else "sample"
+                with tr.span(name, track="device", step=so.step_id, reqs=len(sampling)) as span:
+                    sampled, lp, num_valid, num_invalid = self._sample(step, sampling, logits)
+                    span.args["drafts"] = sum(num_valid)
+            self._commit_on_device(step, sampled)
+            drafts, applied = None, False
+            # Drafts asked for the next step (the speculation policy's choice).
+            k_step = self.k if so.num_drafts_to_propose is None else min(self.k, so.num_drafts_to_propose)
+            # A drafter with its own KV (EAGLE / MTP) also sees steps where no request samples.
+            if self.k and (sampling or self.proposer.needs_prefill_steps):  # type: ignore[union-attr]
+                drafts, applied = self._propose(so.step_id, step, sampled, fwd, k_step)
+            pending = PendingStep(
+                step_id=so.step_id,
+                req_ids=[p.req_id for p in step.plans],
+                sampling=sampling,
+                sampled=sampled,
+                drafts=drafts,
+                num_valid=num_valid,
+                num_invalid=num_invalid,
+                logprobs=lp,
+                prompt_logprobs=prompt_lp,
+                send_drafts=not self.async_scheduling and self.k > 0,
+                tokens_applied=applied,
+                pooled=pooled,
+            )
+            if self.deferred:
+                self._pending = pending  # reconciled after the next step's forward is launched
+            else:
+                with tr.span("wait_accepted_counts", track="wait", step=so.step_id):
+                    self._reconcile(pending)
+            return pending
 
     # -- sampling ----------------------------------------------------------------------------------------
     def _verified_drafts(self, plans: list[RequestPlan]) -> list[list[int]]:

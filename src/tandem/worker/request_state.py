@@ -10,6 +10,7 @@ this state's true frontier, whatever the scheduler's logical frontier says.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from tandem.core.interface import NewRequestData
 from tandem.core.limits import draft_slots, remaining_tokens
@@ -49,8 +50,8 @@ class RequestState:
             group_block_ids=[list(g) for g in nr.group_block_ids],
         )
 
-    @property
-    def num_prompt_tokens(self) -> int:
+    @cached_property
+    def num_prompt_tokens(self) -> int:  # (a prompt never changes)
         return len(self.prompt_token_ids)
 
     @property

@@ -75,21 +75,19 @@ class SamplingColumns:
             is_greedy = tuple(s not in random for s in row_slots)
             keys = tuple(position_key(seed[s], p) if s in random else 0 for s, p in zip(row_slots, positions))
         logprobs = [self.logprobs[s] for s in row_slots if s in self.logprobs] if self.logprobs else None
-        idx: list[torch.Tensor] = []
-
-        def column(on: set[int] | None, values: torch.Tensor) -> torch.Tensor | None:
-            if on is not None and on.isdisjoint(row_slots):
-                return None
-            if not idx:
-                idx.append(torch.tensor(row_slots, dtype=torch.int64).to(self.device, non_blocking=True))
-            return values.index_select(0, idx[0])
-
-        top_k = column(self.top_k_on, self.top_k)
-        top_p = column(self.top_p_on, self.top_p)
-        min_p = column(self.min_p_on, self.min_p)
-        temperature = column(self.scaled, self.temperature)
-        greedy_mask = (torch.ones(n, dtype=torch.bool, device=self.device) if all_greedy
-                       else column(None, self.greedy_mask))
+        # A column is gathered only where one of the rows has its flag on.
+        cols: list[torch.Tensor | None] = [None] * 5
+        pairs = ((self.top_k_on, self.top_k), (self.top_p_on, self.top_p), (self.min_p_on, self.min_p),
+                 (self.scaled, self.temperature), (None if all_greedy else random, self.greedy_mask))
+        idx = None
+        for i, (on, values) in enumerate(pairs):
+            if on is not None and not on.isdisjoint(row_slots):
+                if idx is None:
+                    idx = torch.tensor(row_slots, dtype=torch.int64).to(self.device, non_blocking=True)
+                cols[i] = values.index_select(0, idx)
+        top_k, top_p, min_p, temperature, greedy_mask = cols
+        if greedy_mask is None:
+            greedy_mask = torch.ones(n, dtype=torch.bool, device=self.device)
         return SamplingMetadata(
             num_rows=n,
             vocab_size=self.vocab_size,

@@ -62,7 +62,8 @@ class PagedCpuBackend(SdpaBackend):
         return self._kernel if self._supported else None
 
     def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> object:
-        if batch.block_tables.device.type != "cpu" or self.kernel is None:
+        kernel = self._kernel if self._resolved and self._supported else self.kernel
+        if batch.block_tables.device.type != "cpu" or kernel is None:
             return super().build_metadata(batch, block_size, window)
         qsl = batch.query_start_loc
         short: list[int] = []
@@ -74,11 +75,10 @@ class PagedCpuBackend(SdpaBackend):
                 longs.append(self._long_query(batch, i, block_size, window))
         ix = None
         if short:
-            assert self.kernel is not None
             seq_lens = batch.seq_lens_dev
             if seq_lens is None:  # the host's lengths are exact
                 seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64)
-            ix = self.kernel.indices(
+            ix = kernel.indices(
                 batch.block_tables,
                 seq_lens.contiguous(),
                 short,
@@ -104,8 +104,8 @@ class PagedCpuBackend(SdpaBackend):
         write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if metadata.short is not None:
-            assert self.kernel is not None
-            self.kernel(q, out, k_cache, v_cache, metadata.short, scale)
+            assert self._kernel is not None  # resolved by build_metadata, which made ``short``
+            self._kernel(q, out, k_cache, v_cache, metadata.short, scale)
         if metadata.long_queries:
             kv_heads, head_dim = k_cache.shape[-2:]
             k_flat = k_cache.view(-1, kv_heads, head_dim)
