@@ -35,20 +35,27 @@ class NewRequestData:
     group_block_ids: list[list[int]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass
 class CachedRequestData:
-    req_id: str
-    new_block_ids: list[int]
-    num_computed_tokens: int  # the scheduler's logical frontier before this step (may include drafts)
-    # Blocks appended to groups 1.. (entries a window group released stay in the runner's table: never read).
-    new_group_block_ids: list[list[int]] = field(default_factory=list)
+    """The running requests scheduled again this step, as columns (one object per step, vLLM's layout)."""
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)  # per request; [] when its blocks suffice
+    # the scheduler's logical frontier before this step (may include drafts), per request
+    num_computed_tokens: list[int] = field(default_factory=list)
+    # Blocks appended to groups 1.. (entries a window group released stay in the runner's table: never read);
+    # per request, one list per group ([] for a model without window groups).
+    new_group_block_ids: list[list[list[int]]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
 
 
 @dataclass
 class SchedulerOutput:
     step_id: int
     scheduled_new_reqs: list[NewRequestData]
-    scheduled_cached_reqs: list[CachedRequestData]
+    scheduled_cached_reqs: CachedRequestData
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     scheduled_spec_decode_tokens: dict[str, list[int]]

@@ -156,12 +156,10 @@ class KVCacheManager:
         while len(req.block_hashes) < n_full:
             i = len(req.block_hashes)
             parent = req.block_hashes[-1] if req.block_hashes else None
-            tokens = [req.token_at(j) for j in range(i * bs, (i + 1) * bs)]
-            req.block_hashes.append(hash_block_tokens(parent, tokens))
+            req.block_hashes.append(hash_block_tokens(parent, req.tokens(i * bs, (i + 1) * bs)))
 
     def _block_tokens(self, req: Request, i: int) -> list[int]:
-        bs = self.block_size
-        return [req.token_at(j) for j in range(i * bs, (i + 1) * bs)]
+        return req.tokens(i * self.block_size, (i + 1) * self.block_size)
 
     @staticmethod
     def _group_hash(h: int | None, g: int) -> int | None:
@@ -317,11 +315,14 @@ class KVCacheManager:
         (every group's; released window blocks were cached before they slid out, or are lost)."""
         if not self.enable_prefix_caching:
             return
+        upto = min(num_completed_tokens, len(req.prompt_token_ids) + len(req.output_token_ids)) // self.block_size
+        starts = self._num_cached.get(req.request_id)
+        if starts is not None and upto <= min(starts):
+            return  # most steps: no block completed since the last call
         held = self._blocks.get(req.request_id)
         if not held:
             return
-        starts = self._num_cached.get(req.request_id) or [0] * self.num_groups
-        upto = min(num_completed_tokens, len(req.prompt_token_ids) + len(req.output_token_ids)) // self.block_size
+        starts = starts or [0] * self.num_groups
         if upto <= min(starts):
             return
         self.update_block_hashes(req)

@@ -109,7 +109,7 @@ class Scheduler:
         num_scheduled: dict[str, int] = {}
         spec_tokens: dict[str, list[int]] = {}
         new_reqs: list[NewRequestData] = []
-        cached_reqs: list[CachedRequestData] = []
+        cached = CachedRequestData()
         blocks_before: dict[str, tuple[int, list[int]]] = {}  # group 0's length, then groups 1..
         preempted_now = False
         k_of = self._plan_drafts() if self.num_spec_tokens else {}
@@ -193,15 +193,16 @@ class Scheduler:
                 if req.group_block_ids:
                     new_groups = [g[n:] for g, n in zip(req.group_block_ids, group_before)]
                     new_groups += [list(g) for g in req.group_block_ids[len(group_before):]]
-                cached_reqs.append(
-                    CachedRequestData(rid, req.block_ids[before:], req.num_computed_tokens, new_groups)
-                )
+                cached.req_ids.append(rid)
+                cached.new_block_ids.append(req.block_ids[before:])
+                cached.num_computed_tokens.append(req.num_computed_tokens)
+                cached.new_group_block_ids.append(new_groups)
 
         self._step_id += 1
         out = SchedulerOutput(
             step_id=self._step_id,
             scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached_reqs,
+            scheduled_cached_reqs=cached,
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             scheduled_spec_decode_tokens=spec_tokens,

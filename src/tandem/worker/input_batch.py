@@ -15,7 +15,6 @@ and drafts past the valid ones are garbage / -1 and never read as inputs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 
 import torch
 
@@ -72,18 +71,19 @@ class InputBatch:
         if st is not None:
             self._free.append(st.slot)
 
-    def append_blocks(self, cached: Iterable[CachedRequestData]) -> None:
+    def append_blocks(self, cached: CachedRequestData) -> None:
         """The blocks the scheduler gave running requests this step, written in one go per table."""
         main: list[tuple[int, int, list[int]]] = []
         groups: list[list[tuple[int, int, list[int]]]] = [[] for _ in self.group_block_tables]
-        for cr in cached:
-            if not cr.new_block_ids and not cr.new_group_block_ids:
+        columns = zip(cached.req_ids, cached.new_block_ids, cached.new_group_block_ids)
+        for rid, new_blocks, new_group_blocks in columns:
+            if not new_blocks and not new_group_blocks:
                 continue  # most steps: the request's blocks already cover its new tokens
-            st = self.reqs[cr.req_id]
-            if cr.new_block_ids:
-                main.append((st.slot, len(st.block_ids), cr.new_block_ids))
-                st.block_ids.extend(cr.new_block_ids)
-            for g, new in enumerate(cr.new_group_block_ids):
+            st = self.reqs[rid]
+            if new_blocks:
+                main.append((st.slot, len(st.block_ids), new_blocks))
+                st.block_ids.extend(new_blocks)
+            for g, new in enumerate(new_group_blocks):
                 if g == len(st.group_block_ids):
                     st.group_block_ids.append([])
                 if new:

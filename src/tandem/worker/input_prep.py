@@ -19,7 +19,7 @@ host unless the request's previous step is not reconciled yet; then the host car
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,8 +41,8 @@ class RequestPlan:
     samples: bool
     exact: bool  # the host knows this request's frontier (its previous step is reconciled)
     host_drafts: list[int] | None  # sync scheduling: the drafts the host sent
-    sample_rows: list[int]  # its rows whose logits sample (last known token + one per draft slot)
-    prompt_logprob_rows: list[int]
+    sample_rows: list[int] = field(default_factory=list)  # rows whose logits sample (last known + one per slot)
+    prompt_logprob_rows: list[int] = field(default_factory=list)
     prompt_logprob_start: int = 0  # prompt position of the first prompt-logprob row
 
 
@@ -68,7 +68,8 @@ def prepare_inputs(
 ) -> StepInputs:
     logical = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs} if stale else {}
     if stale:
-        logical.update({cr.req_id: cr.num_computed_tokens for cr in so.scheduled_cached_reqs})
+        cached = so.scheduled_cached_reqs
+        logical.update(zip(cached.req_ids, cached.num_computed_tokens))
     spec = so.scheduled_spec_decode_tokens
     sampling_ids = so.sampling_req_ids
     # Every request one known token (plain decode): row i is request i, at its frontier.
@@ -149,9 +150,9 @@ def prepare_inputs(
         input_ids=ids,
         positions=positions,
         slot_mapping=slot_mapping,
-        group_block_tables=[t.index_select(0, slots_t)[:, :width] for t in ib.group_block_tables],
+        group_block_tables=[t[:, :width].index_select(0, slots_t) for t in ib.group_block_tables],
         group_slot_mappings=[t[row_slot_t, block_col] * block_size + slot_in_block for t in ib.group_block_tables],
-        block_tables=ib.block_table.index_select(0, slots_t)[:, :width],
+        block_tables=ib.block_table[:, :width].index_select(0, slots_t),  # (only the columns in use copied)
         query_start_loc=list(itertools.accumulate(n_list, initial=0)),
         seq_lens=seq_lens,
         logits_indices=None if every_row or not logits_rows else torch.tensor(logits_rows, **i64),
