@@ -98,6 +98,8 @@ class KVCacheManager:
         self._blocks: dict[str, list[list[KVBlock]]] = {}  # per request, per group
         self._num_cached: dict[str, list[int]] = {}  # per request, per group: leading blocks walked by caching
         self._released: dict[str, list[int]] = {}  # per request, per group: leading blocks released
+        # Per request, per group: block ids allocated since the scheduler last took them (take_new_blocks).
+        self._new_ids: dict[str, list[list[int]]] = {}
 
     @property
     def num_blocks(self) -> int:
@@ -276,7 +278,9 @@ class KVCacheManager:
             self._num_cached[rid] = cached
         for g in range(self.num_groups):
             if need[g] > 0:
-                held[g].extend(self.pool.allocate(need[g]))
+                new = self.pool.allocate(need[g])
+                held[g].extend(new)
+                self._new_ids.setdefault(rid, [[] for _ in self.group_windows])[g].extend(b.block_id for b in new)
         self._blocks[rid] = held
         self._released[rid] = released
         req.block_ids = [b.block_id for b in held[0]]
@@ -337,8 +341,15 @@ class KVCacheManager:
             starts[g] = max(starts[g], end)
         self._num_cached[req.request_id] = starts
 
+    def take_new_blocks(self) -> dict[str, list[list[int]]]:
+        """Request id -> per group, the block ids allocated since the last call (what a running request's
+        runner-side table still lacks); starts afresh."""
+        new, self._new_ids = self._new_ids, {}
+        return new
+
     def free(self, req: Request) -> None:
         held = self._blocks.pop(req.request_id, [])
+        self._new_ids.pop(req.request_id, None)
         self._num_cached.pop(req.request_id, None)
         self._released.pop(req.request_id, None)
         for group in reversed(held):

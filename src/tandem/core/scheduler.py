@@ -109,8 +109,6 @@ class Scheduler:
         num_scheduled: dict[str, int] = {}
         spec_tokens: dict[str, list[int]] = {}
         new_reqs: list[NewRequestData] = []
-        cached = CachedRequestData()
-        blocks_before: dict[str, tuple[int, list[int]]] = {}  # group 0's length, then groups 1..
         preempted_now = False
         k_of = self._plan_drafts() if self.num_spec_tokens else {}
 
@@ -128,8 +126,6 @@ class Scheduler:
             if n_new <= 0:
                 i += 1
                 continue
-            blocks_before[req.request_id] = (
-                len(req.block_ids), [len(g) for g in req.group_block_ids] if req.group_block_ids else ())
             # Mid-prefill, a smaller chunk before anyone is preempted (KVCacheManager.allocate_chunk).
             while not (fit := self.kv.allocate_chunk(req, n_new, None, self.num_lookahead_tokens, to_end > 1)):
                 if to_end > 1:  # the smallest chunk was tried: retry that after preempting
@@ -184,19 +180,14 @@ class Scheduler:
                 group_block_ids=[list(g) for g in req.group_block_ids],
             ))
 
-        new_ids = {nr.req_id for nr in new_reqs}
-        requests = self.requests
-        for rid, (before, group_before) in blocks_before.items():
-            if rid in num_scheduled and rid not in new_ids:
-                req = requests[rid]
-                new_groups = []
-                if req.group_block_ids:
-                    new_groups = [g[n:] for g, n in zip(req.group_block_ids, group_before)]
-                    new_groups += [list(g) for g in req.group_block_ids[len(group_before):]]
-                cached.req_ids.append(rid)
-                cached.new_block_ids.append(req.block_ids[before:])
-                cached.num_computed_tokens.append(req.num_computed_tokens)
-                cached.new_group_block_ids.append(new_groups)
+        # Running requests scheduled again: their new blocks (a new request sends all of its own).
+        new_blocks, fresh = self.kv.take_new_blocks(), {nr.req_id for nr in new_reqs}
+        cached = CachedRequestData([rid for rid in num_scheduled if rid not in fresh])
+        for rid in cached.req_ids:
+            new = new_blocks.get(rid) or ([],)
+            cached.new_block_ids.append(new[0])
+            cached.num_computed_tokens.append(self.requests[rid].num_computed_tokens)
+            cached.new_group_block_ids.append(new[1:])
 
         self._step_id += 1
         out = SchedulerOutput(
@@ -379,16 +370,11 @@ class Scheduler:
             if out.spec_token_ids is not None and idx is not None:
                 req.spec_token_ids = list(out.spec_token_ids[idx])
         return EngineCoreOutput(
-            req.request_id,
-            list(new_tokens),
-            new_logprobs=logprobs[: len(new_tokens)] if logprobs is not None else None,
-            prompt_logprobs=prompt_lp,
-            finish_reason=status.finish_reason if status is not None else None,
-            stop_reason=req.stop_reason,
-            num_cached_tokens=max(req.num_cached_tokens, 0),
-            num_draft_tokens=num_valid,
-            num_accepted_tokens=num_accepted,
-            first_scheduled_time=req.first_scheduled_time,
+            req.request_id, list(new_tokens),
+            new_logprobs=logprobs[: len(new_tokens)] if logprobs is not None else None, prompt_logprobs=prompt_lp,
+            finish_reason=status.finish_reason if status is not None else None, stop_reason=req.stop_reason,
+            num_cached_tokens=max(req.num_cached_tokens, 0), num_draft_tokens=num_valid,
+            num_accepted_tokens=num_accepted, first_scheduled_time=req.first_scheduled_time,
             pooled=out.pooled.get(req.request_id) if out.pooled else None,
         )
 
