@@ -42,3 +42,40 @@ def test_shipped_drafter_equals_no_spec(reference: list, method: str) -> None:
                                   min_identical=N_PROMPTS - 2, max_num_seqs=8,
                                   speculative_config={"method": method, "num_speculative_tokens": 3})
     assert stats[False]["num_accepted_tokens"] > 0 and stats[True]["num_accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_head_skipped_on_decode_steps_that_draft_nothing(reference: list, async_scheduling: bool) -> None:
+    """A decode-only step for which the policy asks no drafts runs neither the EAGLE-3 head nor the target's
+    feature capture (its KV keeps a gap there); prompt chunks still go through the head; greedy outputs stay
+    those of no speculation."""
+    if not _shipped("eagle3"):
+        pytest.skip("no shipped eagle3 drafter")
+    llm = LLM(max_num_seqs=8, async_scheduling=async_scheduling,
+              speculative_config={"method": "eagle3", "num_speculative_tokens": 3})
+    core = llm.engine.core
+    policy, runner = core.scheduler.spec_policy, core.executor.runner
+
+    def never(decode: list) -> dict[str, int]:  # a policy that never finds drafts worth it
+        policy.propose_k = 0
+        return {req.request_id: 0 for req, _ in decode}
+
+    policy.plan = never
+    heads: list[tuple[int, int, int]] = []  # (rows, requests, drafts asked) of every head pass
+    features: list[int] = []  # the target layers captured, per forward
+    propose, forward = runner.proposer.propose, runner.model.forward
+
+    def counted_propose(inp):  # type: ignore[no-untyped-def]
+        heads.append((inp.batch.num_tokens, inp.batch.num_reqs, inp.num_drafts))
+        return propose(inp)
+
+    def counted_forward(batch, kv_cache, aux_hidden_layers=()):  # type: ignore[no-untyped-def]
+        features.append(len(aux_hidden_layers))
+        return forward(batch, kv_cache, aux_hidden_layers=aux_hidden_layers)
+
+    runner.proposer.propose, runner.model.forward = counted_propose, counted_forward
+    outs = llm.generate(list(humaneval_prompts(N_PROMPTS)), GREEDY, use_tqdm=False)
+    llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == [r.token_ids for r in reference]
+    assert heads and all(rows > reqs and k == 0 for rows, reqs, k in heads)  # prompt chunks only
+    assert sum(1 for n in features if n) == len(heads) < len(features)

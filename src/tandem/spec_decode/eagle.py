@@ -14,7 +14,11 @@ Each step (the "padded drafter batch"):
    a request does not need (its draft cap is reached) writes to a trash block instead.
 Nothing here reads the host mirror of the step's results, so drafting works with async scheduling and
 deferred reconciliation. Drafts are greedy: the rejection sampler verifies them exactly (q one-hot).
-Steps in which no request samples (prefill chunks only) still run step 1 so the head's KV stays complete.
+Steps with prompt chunks (even where no request samples) run step 1 so the head's KV covers prompts; a
+decode-only step for which the speculation policy asks no drafts does not run the head at all (the runner
+skips it, and the target's feature capture): the head's KV keeps a gap at those positions, which later drafts
+attend over. Outputs never depend on it (drafts are verified); acceptance after a gap may be lower, and the
+adaptive policy learns the acceptance it really gets.
 """
 
 from __future__ import annotations

@@ -131,7 +131,15 @@ class ModelRunner:
                     return PendingStep.empty(self.device)
                 stale = set(self._pending.req_ids) if self._pending is not None else set()
                 step = prepare_inputs(so, self.batch, block_size=self.block_size, stale=stale, device=self.device)
-            aux = self.proposer.aux_hidden_layers if self.proposer is not None else ()
+            # Drafts asked for the next step (the speculation policy's choice).
+            k_step = self.k if so.num_drafts_to_propose is None else min(self.k, so.num_drafts_to_propose)
+            # A drafter with its own KV (EAGLE / MTP) runs over prompt chunks and over steps that draft; a
+            # decode-only step that drafts nothing skips it (and the target's features it would read): its KV
+            # keeps a gap at those positions, which later drafts attend over. Outputs never depend on it
+            # (drafts are verified); acceptance after a gap may be lower, and the policy measures that.
+            kv_pass = bool(self.k and self.proposer.needs_prefill_steps  # type: ignore[union-attr]
+                           and (k_step or any(p.num_known > 1 for p in step.plans)))
+            aux = self.proposer.aux_hidden_layers if kv_pass else ()  # type: ignore[union-attr]
             with tr.span("forward", track="device", step=so.step_id, tokens=step.batch.num_tokens):
                 fwd = self.model(step.batch, self.kv_cache, aux_hidden_layers=aux)
                 rows = step.batch.logits_indices
@@ -158,11 +166,8 @@ class ModelRunner:
                     span.args["drafts"] = sum(num_valid)
             self._commit_on_device(step, sampled)
             drafts, applied = None, False
-            # Drafts asked for the next step (the speculation policy's choice).
-            k_step = self.k if so.num_drafts_to_propose is None else min(self.k, so.num_drafts_to_propose)
-            # A drafter with its own KV (EAGLE / MTP) also sees steps where no request samples.
-            if self.k and (sampling or self.proposer.needs_prefill_steps):  # type: ignore[union-attr]
-                drafts, applied = self._propose(so.step_id, step, sampled, fwd, k_step)
+            if self.k and (sampling or kv_pass):
+                drafts, applied = self._propose(so.step_id, step, sampled, fwd, k_step, kv_pass)
             pending = PendingStep(
                 step_id=so.step_id,
                 req_ids=[p.req_id for p in step.plans],
@@ -320,15 +325,16 @@ class ModelRunner:
                     p.state.drafts = d
 
     def _propose(
-        self, step_id: int, step: StepInputs, sampled: torch.Tensor, fwd: object, k_step: int
+        self, step_id: int, step: StepInputs, sampled: torch.Tensor, fwd: object, k_step: int, kv_pass: bool
     ) -> tuple[torch.Tensor, bool]:
         """Next drafts [B, k] (-1 padded, at most ``k_step`` each) on the device; True when the proposer
-        already applied this step's tokens to the host records (a host-side drafter, ``OnHost``)."""
+        already applied this step's tokens to the host records (a host-side drafter, ``OnHost``). ``kv_pass``:
+        a drafter with its own KV runs even when it drafts nothing (prompt chunks)."""
         assert self.proposer is not None
         plans = step.sampling
         with self.tracer.span("propose", track="device", step=step_id, reqs=len(plans), k=k_step):
             slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=self.device)
-            if k_step == 0 and not self.proposer.needs_prefill_steps:
+            if k_step == 0 and not kv_pass:
                 drafts = torch.full((len(plans), self.k), -1, dtype=torch.int64, device=self.device)
                 self.batch.set_drafts(slots, drafts)  # no drafts this time; a drafter's KV catches up later
                 return drafts, False
