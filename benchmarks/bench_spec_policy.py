@@ -8,8 +8,9 @@ the machine falls on every arm alike.
     python benchmarks/bench_spec_policy.py --concurrency 1 4 16 32 --temperatures 0 0.7 1.0 \\
         --methods ngram eagle3 --num-prompts 32 --output-len 64
 
-Writes ``benchmarks/results/spec_policy.json`` (every run's ``bench serve`` result), a Markdown table
-(output tok/s and the ratio to no speculation at each point) and a plot ``spec_policy.png``.
+Writes ``benchmarks/results/spec_policy.json`` (every run's ``bench serve`` result; ``--name`` changes the
+stem), a Markdown table (output tok/s and the ratio to no speculation at each point; with several
+``--fixed-k``, the adaptive policy against the best fixed k at each point) and a plot ``spec_policy.png``.
 """
 
 from __future__ import annotations
@@ -27,12 +28,17 @@ from bench_serve import start_server, stop_server  # noqa: E402
 from common import environment  # noqa: E402
 
 
-def arms(methods: list[str], k: int) -> dict[str, list[str]]:
+def arms(methods: list[str], k: int, fixed_k: list[int]) -> dict[str, list[str]]:
+    """nospec; per method the fixed policy at each of ``fixed_k`` (``m_fixed`` at k itself, ``m_fixed_k<j>``
+    otherwise) and the adaptive one (up to k)."""
     out = {"nospec": []}
     for m in methods:
-        for policy in ("fixed", "adaptive"):
-            cfg = {"method": m, "num_speculative_tokens": k, "policy": policy}
-            out[f"{m}_{policy}"] = ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
+        for j in sorted(set(fixed_k)):
+            cfg = {"method": m, "num_speculative_tokens": j, "policy": "fixed"}
+            name = f"{m}_fixed" if j == k else f"{m}_fixed_k{j}"
+            out[name] = ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
+        cfg = {"method": m, "num_speculative_tokens": k, "policy": "adaptive"}
+        out[f"{m}_adaptive"] = ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
     return out
 
 
@@ -41,16 +47,18 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
     ap.add_argument("--methods", nargs="+", default=["ngram", "eagle3"])
-    ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
+    ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens (the adaptive policy's maximum)")
+    ap.add_argument("--fixed-k", type=int, nargs="+", help="k of the fixed-policy arms (default: --k alone)")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--server-flags", default="--max-num-seqs 64", help="extra `tandem serve` flags")
     ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--name", default="spec_policy", help="output files NAME.json / .md / .png")
     ns = ap.parse_args()
     out_dir = Path(ns.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="tandem-bench-policy-"))
-    table = arms(ns.methods, ns.k)
+    table = arms(ns.methods, ns.k, ns.fixed_k or [ns.k])
     servers, commands = {}, []
     try:
         for i, (arm, extra) in enumerate(table.items()):
@@ -82,11 +90,11 @@ def main() -> int:
             stop_server(proc)
     # The machine (CPU kind, cpu_isa, load average at the end of the run) beside the numbers.
     meta = {"environment": environment(), "commands": commands, "num_prompts": ns.num_prompts, "output_len": ns.output_len}
-    (out_dir / "spec_policy.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
+    (out_dir / f"{ns.name}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     summary = report(runs, list(table), ns)
-    (out_dir / "spec_policy.md").write_text(summary + "\n")
+    (out_dir / f"{ns.name}.md").write_text(summary + "\n")
     print(summary)
-    plot(runs, list(table), ns, out_dir / "spec_policy.png")
+    plot(runs, list(table), ns, out_dir / f"{ns.name}.png")
     return 0
 
 
@@ -105,6 +113,18 @@ def report(runs: list[dict], names: list[str], ns: argparse.Namespace) -> str:
                 v = _tput(runs, arm, temp, conc)
                 cells.append(f"{v:.1f}" if arm == "nospec" else f"{v:.1f} ({v / base:.2f}x)")
             lines.append(f"| {temp} | {conc} | " + " | ".join(cells) + " |")
+    fixed = {m: [a for a in names if a.startswith(f"{m}_fixed")] for m in ns.methods}
+    if any(len(v) > 1 for v in fixed.values()):  # the adaptive policy against the best fixed k, point by point
+        lines += ["", "| temperature | concurrency | " + " | ".join(f"{m} adaptive / best fixed" for m in ns.methods)
+                  + " |", "|---|---|" + "---|" * len(ns.methods)]
+        for temp in ns.temperatures:
+            for conc in ns.concurrency:
+                cells = []
+                for m in ns.methods:
+                    best = max(fixed[m], key=lambda a: _tput(runs, a, temp, conc))
+                    cells.append(f"{_tput(runs, f'{m}_adaptive', temp, conc) / _tput(runs, best, temp, conc):.2f}"
+                                 f" ({best})")
+                lines.append(f"| {temp} | {conc} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
