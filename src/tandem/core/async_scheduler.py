@@ -30,9 +30,7 @@ class AsyncScheduler(Scheduler):
                                 req.max_tokens, req.max_model_len, sure)
 
     def _can_schedule_running(self, req: Request) -> bool:
-        sure = sum(1 for step in req.inflight if step.samples)  # (_guaranteed_remaining, spelled out: per step)
-        return remaining_tokens(len(req.prompt_token_ids) + len(req.output_token_ids), len(req.prompt_token_ids),
-                                req.max_tokens, req.max_model_len, sure) > 0
+        return self._guaranteed_remaining(req) > 0
 
     def _max_draft_slots(self, req: Request) -> int:
         return draft_slots(len(req.spec_token_ids), self._guaranteed_remaining(req))

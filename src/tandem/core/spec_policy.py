@@ -150,9 +150,11 @@ class AdaptivePolicy(FixedPolicy):
         self._kind: dict[str, tuple[int, bool]] = {}
 
     def _kind_of(self, req: Request) -> tuple[int, bool]:
-        p = req.sampling_params
-        kind = self._kind[req.request_id] = (temperature_class(p.temperature),
-                                             p.seed is not None and p.temperature >= 1e-5)
+        kind = self._kind.get(req.request_id)
+        if kind is None:
+            p = req.sampling_params
+            kind = self._kind[req.request_id] = (temperature_class(p.temperature),
+                                                 p.seed is not None and p.temperature >= 1e-5)
         return kind
 
     def _alpha(self, req: Request) -> list[float]:
@@ -199,8 +201,7 @@ class AdaptivePolicy(FixedPolicy):
         if not decode:
             return {}
         self._step += 1
-        kinds = self._kind
-        seeded = [(kinds.get(req.request_id) or self._kind_of(req))[1] for req, _ in decode]
+        seeded = [self._kind_of(req)[1] for req, _ in decode]
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
         full = [lim for _, lim in limits]
@@ -226,8 +227,7 @@ class AdaptivePolicy(FixedPolicy):
         self.verified_k[min(num_valid, self.k)] += 1
         if num_valid <= 0:
             return
-        kind = self._kind.get(req.request_id) or self._kind_of(req)
-        cls = self.by_class[kind[0]]
+        cls = self.by_class[self._kind_of(req)[0]]
         own = self._own(req.request_id)
         if own is None:
             own = ([0.0] * self.k, [0.0] * self.k)
