@@ -17,6 +17,7 @@ from tandem.engine.builder import plan_engine
 from tandem.engine.llm import config_from_kwargs
 from tandem.model import CausalLM, KVCache
 from tandem.model.block_quant import BlockQuantWeight
+from tandem.model.block_quant_linear import QUANT_FEW_ROWS
 from tandem.model.linear import create_linear_kernels, rule_block_quant_reference
 from tandem.model.loader import load_checkpoint
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
@@ -118,6 +119,44 @@ def test_native_stack_runs_on_blocks_and_matches_the_torch_layers(tiny_gguf: Pat
     assert mq._native is not None and mq._native._table is not None and mq._native._table.block_quant
     for a, b in zip(native_steps, torch_steps):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5 * float(b.abs().max()))
+
+
+def test_native_stack_takes_wide_short_steps_on_blocks(tiny_gguf: Path) -> None:
+    """Beyond the 8 rows of a dense model: a step of decodes and verify rows up to the stack's limit for
+    block-quantized layers runs natively (the element-wise work split over threads) and matches the torch
+    layers, K/V written included; one row more takes the torch layers."""
+    mq, _ = _models(tiny_gguf)
+    ref, _ = _models(tiny_gguf)
+    ref._native, ref._native_resolved = None, True
+    nd = mq._native_decode()
+    assert nd is not None and nd.max_rows == QUANT_FEW_ROWS  # parts of several types: not all interleaved
+    a = mq.args
+    gen = torch.Generator().manual_seed(5)
+    q_lens = [1, 4, 1, 4, 1, 4, 1]  # 16 rows: four decodes, three verifies of 3 drafts
+    assert sum(q_lens) == nd.max_rows
+    cache = KVCache.allocate(a.num_hidden_layers, 8 * len(q_lens), 4, a.num_key_value_heads, a.head_dim,
+                             torch.float32, "cpu")
+    for t in (*cache.k, *cache.v):
+        t.copy_(torch.randn(t.shape, generator=gen))
+    ref_cache = KVCache([t.clone() for t in cache.k], [t.clone() for t in cache.v])
+    context = [3 + 4 * i for i in range(len(q_lens))]
+
+    def batch(extra: int = 0):  # type: ignore[no-untyped-def]
+        reqs = [PagedRequest(torch.randint(0, a.vocab_size, (q + (extra if i == 0 else 0),), generator=gen).tolist(),
+                             c, list(range(8 * i, 8 * i + 8))) for i, (q, c) in enumerate(zip(q_lens, context))]
+        return build_forward_batch(reqs, 4, "cpu")
+
+    wide = batch()
+    got = mq(wide, cache).hidden_states
+    assert nd.applies(wide), "the native stack did not run"
+    wide.attn_metadata = None
+    want = ref(wide, ref_cache).hidden_states
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * float(want.abs().max()))
+    for x, y in zip((*cache.k, *cache.v), (*ref_cache.k, *ref_cache.v)):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-4)
+    beyond = batch(extra=1)
+    mq(beyond, cache)
+    assert not nd.applies(beyond), "a step beyond the limit must take the torch layers"
 
 
 def test_resident_bytes_are_the_blocks(tiny_gguf: Path) -> None:

@@ -102,6 +102,8 @@ class EngineCore:
     def _update(self, so: SchedulerOutput, out: ModelRunnerOutput) -> list[EngineCoreOutput]:
         with self.tracer.span("update", track="engine", step=so.step_id) as span:
             results = self.scheduler.update_from_output(so, out)
+            if not self.tracer.enabled:
+                return results
             # Proposed / accepted per step as the scheduler committed them (the trace analysis reads these).
             span.args["drafts"] = sum(o.num_draft_tokens for o in results)
             span.args["accepted"] = sum(o.num_accepted_tokens for o in results)

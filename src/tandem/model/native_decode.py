@@ -1,7 +1,7 @@
 """The decoder stack in one native call for short steps on the CPU (``native/decode_forward.c``).
 
-A forward whose batch is a few short queries (one decode row, or a decode row plus k drafts to verify,
-for at most ``max_rows`` rows in all) is where a CPU spends most of a step outside the weight read: each
+A forward whose batch is a few short queries (decode rows and verify rows — a decode row plus k drafts —
+for at most ``max_rows`` rows in all: :func:`stack_rows`) is where a CPU spends most of a step outside the weight read: each
 of the 30 layers runs ~20 small torch kernels between its four products. :class:`NativeDecode` runs those
 steps through one C call over every layer instead, with the paged attention kernel inline, and leaves
 every other forward (prefill chunks, wide batches, tensor parallelism, other devices, other attention
@@ -19,8 +19,11 @@ import torch
 
 from tandem import overrides
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
+from tandem.model.block_quant import BlockQuantWeight
+from tandem.model.block_quant_linear import QUANT_FEW_ROWS, QUANT_FEW_ROWS_INTERLEAVED
 from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.layers import LayerContext
+from tandem.model.linear import NATIVE_FEW_ROWS
 from tandem.native.decode_forward import (
     DTYPES,
     DecodeForwardKernel,
@@ -35,6 +38,19 @@ if TYPE_CHECKING:
 
 def native_decode_enabled() -> bool:
     return overrides.native_decode_enabled()
+
+
+def stack_rows(layers: Sequence[object], kernel_rows: int) -> int:
+    """Up to how many rows the stack runs a model's step: as far as its products are the few-row kernels the
+    torch layers would pick too (block_quant_linear, linear.py). Block-quantized layers: every part
+    interleaved, :data:`QUANT_FEW_ROWS_INTERLEAVED` (a 32-way decode step went from 40 to 34 ms in one call,
+    BENCHMARKS.md §12), else :data:`QUANT_FEW_ROWS`; dense weights :data:`NATIVE_FEW_ROWS`, where oneDNN's
+    GEMM takes over."""
+    mats = [getattr(layer, name) for layer in layers for name in ("qkv", "o_proj", "gate_up", "down")]
+    if mats and all(isinstance(m, BlockQuantWeight) for m in mats):
+        interleaved = all(m.all_interleaved for m in mats)
+        return min(kernel_rows, QUANT_FEW_ROWS_INTERLEAVED if interleaved else QUANT_FEW_ROWS)
+    return min(kernel_rows, NATIVE_FEW_ROWS)
 
 
 class NativeDecode:
@@ -58,6 +74,7 @@ class NativeDecode:
             scale=float(layer0.scale),
             hidden_act=args.hidden_act,
         )
+        self.max_rows = stack_rows(self._layers, kernel.max_rows)
         self._table: LayerTable | None = None
         self._table_kv: KVCache | None = None  # the cache the table was built for (kept: the table holds its tensors)
 
@@ -79,7 +96,7 @@ class NativeDecode:
         by their lengths.)"""
         meta = batch.attn_metadata
         return (isinstance(meta, PagedCpuMetadata) and not meta.long_queries and meta.short is not None
-                and 1 <= batch.num_tokens <= self.kernel.max_rows)
+                and 1 <= batch.num_tokens <= self.max_rows)
 
     def _layer_table(self, kv_cache: KVCache) -> LayerTable:
         """Built for the first cache the model runs on, and again only if another one comes (the runner passes

@@ -26,7 +26,8 @@
 #include "quant.h"
 
 #define TANDEM_DECODE_FORWARD_ABI 5
-#define MAX_ROWS 8 /* short steps: one decode row, or a decode row and up to 7 drafts */
+#define MAX_ROWS 64 /* short steps: decode rows and verify rows, as many as the few-row products take (QMAX_ROWS) */
+#define PAR_ROWS 4  /* the element-wise work between the products is split over the threads from this many rows */
 #define LAYER_PTRS 21 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the
                         * int8 weights' scales (qkv, o_proj, gate_up, down; 0 otherwise), then the
                         * block-quantized matrices' descriptors (quant.h; same order; 0 otherwise), then
@@ -70,6 +71,7 @@ static inline void store_elem(void *base, int64_t i, float v, int is_bf16) {
 
 /* dst[r] = x[r] / hypot(|x[r]|, eps_root), rounded to the model dtype (the reference's unit_rms). */
 static void unit_rms_rows(const Shape *s, const float *x, float *dst) {
+#pragma omp parallel for num_threads(s->threads) schedule(static) if (s->rows >= PAR_ROWS)
     for (int64_t r = 0; r < s->rows; r++) {
         const float *xr = x + r * s->hidden;
         double ss = 0.0;
@@ -90,6 +92,7 @@ static int attention_inputs(const Shape *s, const int64_t *lp, const float *hin,
     const void *bias = (const void *)lp[1], *qk_norm = (const void *)lp[2];
     void *k_cache = (void *)lp[7], *v_cache = (void *)lp[8];
     if (layer_product(s, lp, 0, hin, in_width, width, qkv, width)) return -2;
+#pragma omp parallel for num_threads(s->threads) schedule(static) if (s->rows >= PAR_ROWS)
     for (int64_t r = 0; r < s->rows; r++) {
         float *row = qkv + r * width;
         for (int64_t j = 0; j < width; j++)
@@ -130,11 +133,13 @@ static void residual_add(const Shape *s, float *x, float *y, float *tmp, const v
     if (post_norm) {
         for (int64_t i = 0; i < s->rows * h; i++) y[i] = round_to(y[i] + (bias ? load_elem(bias, i % h, bf) : 0.0f), bf);
         unit_rms_rows(s, y, tmp);
+#pragma omp parallel for num_threads(s->threads) schedule(static) if (s->rows >= PAR_ROWS)
         for (int64_t r = 0; r < s->rows; r++)
             for (int64_t i = 0; i < h; i++)
                 x[r * h + i] = round_to(x[r * h + i] + tmp[r * h + i] * load_elem(post_norm, i, bf), bf);
         return;
     }
+#pragma omp parallel for num_threads(s->threads) schedule(static) if (s->rows >= PAR_ROWS)
     for (int64_t r = 0; r < s->rows; r++)
         for (int64_t i = 0; i < h; i++)
             x[r * h + i] = round_to(x[r * h + i] + y[r * h + i] + (bias ? load_elem(bias, i, bf) : 0.0f), bf);
@@ -157,6 +162,7 @@ static int mlp_block(const Shape *s, const int64_t *lp, float *x, const void *at
     residual_add(s, x, hbuf, abuf, (const void *)lp[4], (const void *)lp[17]);
     unit_rms_rows(s, x, hbuf);
     if (layer_product(s, lp, 2, hbuf, h, 2 * inter, gu, 2 * inter)) return -2;
+#pragma omp parallel for num_threads(s->threads) schedule(static) if (s->rows >= PAR_ROWS)
     for (int64_t r = 0; r < s->rows; r++) {
         const float *g = gu + r * 2 * inter, *u = g + inter;
         for (int64_t i = 0; i < inter; i++) {

@@ -23,6 +23,7 @@ import torch
 
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
 from tandem.model.forward_batch import KVCache
+from tandem.model.linear import NATIVE_FEW_ROWS
 from tandem.model.native_decode import native_decode_enabled
 from tandem.model.quant import Int8Weight
 from tandem.native.decode_forward import (
@@ -38,6 +39,10 @@ class NativeHeadLayer:
     def __init__(self, head: DraftHead, kv_cache: KVCache, kernel: DecodeForwardKernel) -> None:
         cfg, hidden = head.cfg, head.cfg.hidden_size
         self.head, self.kernel = head, kernel
+        # As many rows as the torch layer's products would run in the same few-row kernel (linear.py): any
+        # count the kernel takes for int8 weights or bf16 ones under float32 activations, else the dense limit.
+        mixed = head.weight_dtype == torch.int8 or head.weight_dtype != head.dtype
+        self.max_rows = kernel.max_rows if mixed else min(kernel.max_rows, NATIVE_FEW_ROWS)
         self.shape = StackShape(
             hidden=hidden,
             heads=head.heads,
@@ -84,7 +89,7 @@ class NativeHeadLayer:
     def applies(self, metadata: Any, rows: int) -> bool:
         """A short step the native kernels take: the CPU paged backend, short queries only, 1 .. max rows."""
         return (isinstance(metadata, PagedCpuMetadata) and not metadata.long_queries and metadata.short is not None
-                and 1 <= rows <= self.kernel.max_rows)
+                and 1 <= rows <= self.max_rows)
 
     def __call__(
         self, residual: torch.Tensor, attn_in: torch.Tensor, positions: torch.Tensor, metadata: PagedCpuMetadata

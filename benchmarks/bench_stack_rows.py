@@ -1,0 +1,110 @@
+"""How wide a step the native decoder stack should take: the engine's decode and verify steps with the
+stack limited to 8 rows (its limit before; wider steps ran the torch layers) against the default limit
+(``NativeDecode.max_rows``: 64 rows on the default model's interleaved blocks), arms interleaved.
+
+Each case starts N greedy streams of the default model (SmolLM2-135M-Instruct, Q4_1 blocks), steps past the
+prefills, then times every step until the streams finish; rounds alternate the arms, so drift in the
+machine's speed hits both. A case ``N`` is N-way decode (N rows a step); ``N:eagle3`` adds EAGLE-3 with 3
+drafts every step (fixed policy: 4N rows a verify step).
+
+    python benchmarks/bench_stack_rows.py --json benchmarks/results/stack_rows.json --plot benchmarks/results/stack_rows.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment  # noqa: E402
+
+from tandem import LLM, SamplingParams  # noqa: E402
+from tandem.model.native_decode import NativeDecode  # noqa: E402
+
+NARROW = 8  # the stack's row limit before
+
+
+def stack_of(llm: LLM) -> NativeDecode:
+    model = llm.engine.core.executor.runner.model
+    nd = model._native_decode()
+    if nd is None:
+        raise SystemExit("the native decoder stack is off here (no compiler, TANDEM_NATIVE_DECODE=0 or not the CPU)")
+    return nd
+
+
+def run_case(n: int, spec: str | None, rounds: int, max_tokens: int) -> dict[str, object]:
+    sc = None if spec is None else {"method": spec, "num_speculative_tokens": 3, "policy": "fixed"}
+    llm = LLM(max_num_seqs=n, speculative_config=sc)
+    nd = stack_of(llm)
+    wide = nd.max_rows
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    times: dict[str, list[float]] = {"narrow": [], "wide": []}
+    for rnd in range(rounds):
+        for arm, limit in (("narrow", NARROW), ("wide", wide)) if rnd % 2 == 0 else (("wide", wide), ("narrow", NARROW)):
+            nd.max_rows = limit
+            for i in range(n):
+                llm.add_request(f"def function_{rnd}_{i}(values):\n    ", params)
+            for _ in range(8):  # the prefills and the first decode steps
+                llm.step()
+            steps, start = 0, time.perf_counter()
+            while llm.has_unfinished_requests():
+                llm.step()
+                steps += 1
+            times[arm].append((time.perf_counter() - start) * 1e3 / steps)
+            print(f"  n={n} spec={spec} round {rnd + 1}/{rounds} {arm} (<= {limit} rows): "
+                  f"{times[arm][-1]:.1f} ms/step", flush=True)
+    nd.max_rows = wide
+    llm.shutdown()
+    narrow_ms, wide_ms = statistics.median(times["narrow"]), statistics.median(times["wide"])
+    rows = n * (1 if spec is None else 4)
+    return {"n": n, "spec": spec or "none", "rows": rows, "wide_limit": wide, "narrow_ms": narrow_ms,
+            "wide_ms": wide_ms, "speedup": narrow_ms / wide_ms, "runs": times}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="+", default=["16", "32", "64", "4:eagle3", "16:eagle3"],
+                    help="N (N-way decode) or N:METHOD (fixed 3 drafts)")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds per case, arms alternating (default 4)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    args = ap.parse_args()
+    results = []
+    for case in args.cases:
+        n, _, spec = case.partition(":")
+        results.append(run_case(int(n), spec or None, args.rounds, args.max_tokens))
+    print("\n| case | rows a step | stack <= 8 rows ms | stack <= limit ms | speed-up |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        name = f"{r['n']}-way" + ("" if r["spec"] == "none" else f" + {r['spec']} k=3")
+        print(f"| {name} | {r['rows']} | {r['narrow_ms']:.1f} | {r['wide_ms']:.1f} | {r['speedup']:.2f}x |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"environment": environment(), "args": vars(args),
+                                               "results": results}, indent=1))
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        labels = [f"{r['n']}" + ("" if r["spec"] == "none" else f"+{r['spec']}") + f"\n{r['rows']} rows" for r in results]
+        xs = range(len(results))
+        ax.bar([x - 0.2 for x in xs], [r["narrow_ms"] for r in results], 0.4, label="stack <= 8 rows, torch layers above")
+        ax.bar([x + 0.2 for x in xs], [r["wide_ms"] for r in results], 0.4, label="stack <= its limit")
+        ax.set_xticks(list(xs), labels)
+        ax.set_ylabel("ms per step (median)")
+        ax.legend()
+        ax.grid(axis="y", alpha=0.3)
+        fig.suptitle("SmolLM2-135M Q4_1 decode/verify steps: native stack width")
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
