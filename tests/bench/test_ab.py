@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 def test_bench_ab_report(tmp_path):
     out = tmp_path / "ab"
     rc = main([
-        "bench", "ab", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
+        "bench", "ab", "--speculative-config",
+        '{"method": "ngram", "num_speculative_tokens": 3, "policy": "fixed"}',  # drafts every step: the report's acceptance fields filled
         "--dataset-name", "repetition", "--num-prompts", "6", "--max-concurrency", "3",
         "--output-len", "12", "--repeats", "2", "--seed", "1", "--out", str(out),
     ])
