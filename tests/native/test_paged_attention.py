@@ -236,3 +236,37 @@ def test_every_isa_variant_matches_dense_reference_with_and_without_a_window(isa
         backend = PagedCpuBackend(torch.float32, short_query_max=17, kernel=PagedAttentionKernel(lib))
         out, want = run_case(backend, layout, 8, 2, 16, torch.float32, seed=4, head_dim=head_dim, window=window)
         assert (out.double() - want).abs().max().item() < 1e-5, (isa, head_dim, window)
+
+
+@needs_cc
+@pytest.mark.parametrize("isa", native.runnable_isas())
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_tree_steps_match_the_naive_reference_on_every_isa_variant(isa: str, head_dim: int) -> None:
+    """Tree masks (ForwardBatch.tree_masks) in every build of the kernel: trees after long contexts (several
+    key chunks), one whose rows straddle a chunk boundary (keys 61..69), beside a plain decode."""
+    from tandem.model.attention import NaiveBackend
+
+    lib = native.load("paged_attention", isa)
+    assert lib is not None
+    gen = torch.Generator().manual_seed(5)
+    block_size, kv_heads, heads = 8, 2, 6
+    layout = [(130, [0, 0, 1, 1, 2, 4]), (61, [0, 1, 0, 3, 3, 5, 2, 7]), (20, None)]
+    paged, next_block = [], 0
+    for cached, parents in layout:
+        rows = 1 if parents is None else len(parents) + 1
+        nb = -(-(cached + rows) // block_size)
+        paged.append(PagedRequest(list(range(rows)), cached, list(range(next_block, next_block + nb))[::-1],
+                                  parents=parents))
+        next_block += nb
+    batch = build_forward_batch(paged, block_size)
+    shape = (next_block + 1, block_size, kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    t = batch.num_tokens
+    q = torch.randn(t, heads, head_dim, generator=gen)
+    k, v = torch.randn(t, kv_heads, head_dim, generator=gen), torch.randn(t, kv_heads, head_dim, generator=gen)
+    outs = []
+    for backend in (PagedCpuBackend(torch.float32, kernel=PagedAttentionKernel(lib)), NaiveBackend()):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        meta = backend.build_metadata(batch, block_size)
+        outs.append(backend.forward(q, k, v, kc, vc, meta, head_dim**-0.5))
+    assert (outs[0] - outs[1]).abs().max().item() < 1e-5, (isa, head_dim)

@@ -11,6 +11,14 @@ Invariants (checked by :meth:`ForwardBatch.validate`):
 - ``seq_lens[i] >= query_len(i)``; the query tokens are the *last* ``query_len(i)`` tokens of the sequence,
   so their positions are ``seq_lens[i] - query_len(i) ... seq_lens[i] - 1``.
 - ``slot_mapping[t] = block_tables[i][pos // block_size] * block_size + pos % block_size``.
+
+A *tree* step (speculation with a draft tree, ``tree_masks`` set) differs in one way: request i's query rows
+are a tree in topological order (row 0 the root, each node after its parent). Row j is still *written* at
+sequence index ``seq_lens[i] - query_len(i) + j`` (its slot) and sees keys up to it, but of the 64 keys up to
+its own only those its bits in ``tree_masks`` set (bit b: the key b before its own — itself, its ancestors and
+the context; every key further back is visible), and its *position* (RoPE) is the context length plus its
+depth. (Bits relative to the row's own key serve any layout: a draft head's tree levels, whose ancestors were
+written by earlier steps, too.)
 """
 
 from __future__ import annotations
@@ -43,6 +51,9 @@ class ForwardBatch:
     # mappings, like the two above (which are group 0's). Empty: every layer uses the two above.
     group_block_tables: list[torch.Tensor] = field(default_factory=list)
     group_slot_mappings: list[torch.Tensor] = field(default_factory=list)
+    # Tree steps: [T] int64, row t's visible keys among the 64 up to its own (bit b: b keys before it).
+    # None: causal (every key up to its own), as for every step that is not a tree.
+    tree_masks: torch.Tensor | None = None
     # T and B (derived; a batch is built once per forward and never changed: ``replace`` builds a new one)
     num_tokens: int = field(init=False)
     num_reqs: int = field(init=False)
@@ -63,6 +74,7 @@ class ForwardBatch:
             raise ValueError("positions / slot_mapping length differs from input_ids")
         pos = self.positions.tolist()
         slots = self.slot_mapping.tolist()
+        bits = self.tree_masks.tolist() if self.tree_masks is not None else None
         tables = self.block_tables.tolist()
         for i in range(n):
             q = self.query_len(i)
@@ -70,9 +82,17 @@ class ForwardBatch:
                 raise ValueError(f"request {i}: query_len {q}, seq_len {self.seq_lens[i]}")
             start = self.seq_lens[i] - q
             for j, t in enumerate(range(qsl[i], qsl[i + 1])):
-                if pos[t] != start + j:
-                    raise ValueError(f"request {i}: position {pos[t]} at row {t}, expected {start + j}")
-                p = pos[t]
+                depth = j
+                if bits is not None:
+                    own = bits[t] & ((2 << j) - 1)  # the bits of the request's rows 0..j (bit j - r: row r)
+                    context = min(start, 63 - j)  # the context keys within reach, all visible
+                    if not own & 1 or not own >> j & 1 or (bits[t] >> (j + 1)) & ((1 << context) - 1) != (1 << context) - 1:
+                        raise ValueError(f"request {i}: tree mask {bits[t] & (1 << 64) - 1:#x} of row {t} must hold "
+                                         f"itself (bit 0), the root (bit {j}) and the context")
+                    depth = own.bit_count() - 1
+                if pos[t] != start + depth:
+                    raise ValueError(f"request {i}: position {pos[t]} at row {t}, expected {start + depth}")
+                p = start + j
                 want = tables[i][p // block_size] * block_size + p % block_size
                 if slots[t] != want:
                     raise ValueError(f"request {i}: slot {slots[t]} at row {t}, expected {want}")
@@ -113,6 +133,18 @@ class KVCache:
     ) -> int:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+    def move_rows(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """Copy every layer's K/V rows at flat slots ``src_slots`` to ``dst_slots`` (``[n]`` int64 each): a
+        tree step's accepted branch, written at its nodes' slots, moved to the sequence's next positions.
+        All sources are read before any destination is written, so the two may overlap."""
+        seen: set[int] = set()
+        for t in (*self.k, *self.v):
+            if id(t) in seen:  # layers of one KV cache group share a tensor
+                continue
+            seen.add(id(t))
+            rows = t.view(-1, *t.shape[2:])
+            rows.index_copy_(0, dst_slots, rows.index_select(0, src_slots))
 
     @cached_property
     def num_blocks(self) -> int:

@@ -25,7 +25,7 @@
 #include "paged_attention.c"
 #include "quant.h"
 
-#define TANDEM_DECODE_FORWARD_ABI 5
+#define TANDEM_DECODE_FORWARD_ABI 6
 #define MAX_ROWS 64 /* short steps: decode rows and verify rows, as many as the few-row products take (QMAX_ROWS) */
 #define PAR_ROWS 4  /* the element-wise work between the products is split over the threads from this many rows */
 #define LAYER_PTRS 21 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the
@@ -33,8 +33,9 @@
                         * block-quantized matrices' descriptors (quant.h; same order; 0 otherwise), then
                         * post_attn_norm, post_ffn_norm (0: none), the layer's KV cache group, and 1 where
                         * it takes the local RoPE rotations */
-#define GROUP_FIELDS 9 /* per KV cache group: block_tables, bt_stride, seq_lens, req, q_start, q_len,
-                        * num_reqs, slots, window: the attention indices of tandem_paged_attention */
+#define GROUP_FIELDS 10 /* per KV cache group: block_tables, bt_stride, seq_lens, req, q_start, q_len,
+                         * num_reqs, slots, window, tree_masks (0: causal): the attention indices of
+                         * tandem_paged_attention */
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
 typedef struct {
@@ -214,7 +215,7 @@ int tandem_decode_forward(
         rc = tandem_paged_attention(is_bf16, q, a, attn, a, (const void *)lp[7], (const void *)lp[8],
                                     num_blocks, block_size, (const int64_t *)g[0], g[1], (const int64_t *)g[2],
                                     (const int64_t *)g[3], (const int64_t *)g[4], (const int64_t *)g[5], g[6],
-                                    heads, kv_heads, head_dim, scale, g[8], num_threads);
+                                    heads, kv_heads, head_dim, scale, g[8], (const int64_t *)g[9], num_threads);
         if (rc != 0) break;
         rc = mlp_block(&s, lp, xf, attn, abuf, hbuf, gu, act_buf);
         if (aux && aux[l])
@@ -231,14 +232,16 @@ int tandem_decode_forward(
  * x: [rows, hidden] the residual stream (float32 or bf16, is_bf16), updated in place; attn_in:
  * [rows, in_width] float32 or bf16 like x, the layer's attention input (the head computed and normed it);
  * the weights (wdt, gemv.h W_F32 / W_BF16: the activations' dtype, or bf16 under float32 activations;
- * any matrix with scales int8) as in tandem_decode_forward, the gate/up gain folded in; one layer's pointers. Returns as
+ * any matrix with scales int8) as in tandem_decode_forward, the gate/up gain folded in; one layer's pointers;
+ * tree_masks as tandem_paged_attention takes them (a draft tree's level), or NULL. Returns as
  * tandem_decode_forward. */
 int tandem_head_layer(
     int is_bf16, int wdt, const int64_t *layer_ptrs, void *x, const void *attn_in, int64_t in_width,
     int64_t rows, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter,
     float eps_root, const float *rot, const int64_t *slots, int64_t num_blocks, int64_t block_size,
     const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens, const int64_t *req,
-    const int64_t *q_start, const int64_t *q_len, int64_t num_reqs, float scale, int num_threads) {
+    const int64_t *q_start, const int64_t *q_len, int64_t num_reqs, float scale, const int64_t *tree_masks,
+    int num_threads) {
     if (rows < 1 || rows > MAX_ROWS) return -1;
     const Shape s = {is_bf16, wdt, rows, hidden, heads, kv_heads, head_dim, inter, eps_root, 0.0f, scale, num_threads,
                      ACT_SILU};
@@ -258,7 +261,7 @@ int tandem_head_layer(
     if (rc == 0)
         rc = tandem_paged_attention(is_bf16, q, a, attn, a, (const void *)layer_ptrs[7], (const void *)layer_ptrs[8],
                                     num_blocks, block_size, block_tables, bt_stride, seq_lens, req, q_start,
-                                    q_len, num_reqs, heads, kv_heads, head_dim, scale, 0, num_threads);
+                                    q_len, num_reqs, heads, kv_heads, head_dim, scale, 0, tree_masks, num_threads);
     if (rc == 0) rc = mlp_block(&s, layer_ptrs, xf, attn, abuf, hbuf, gu, act);
     if (rc == 0)
         for (int64_t i = 0; i < rows * hidden; i++) store_elem(x, i, xf[i], is_bf16);

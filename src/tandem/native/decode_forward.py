@@ -21,7 +21,7 @@ from tandem.model.quant import Int8Weight
 from tandem.native.paged_attention import PagedAttentionIndices
 from tandem.native.small_linear import DTYPES, W_DTYPES, check_dense
 
-_ABI = 5
+_ABI = 6
 # qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the int8 weights' scales
 # (qkv, o_proj, gate_up, down; 0 for other weights), then the block-quantized matrices' descriptors (same
 # order; 0 for other weights), then post_attn_norm, post_ffn_norm (0: none), the layer's KV cache group and
@@ -41,7 +41,7 @@ _HEAD_ARGS = [
     _i64, _i64, _i64, _i64, _i64, _i64, _f32,  # rows, hidden, heads, kv_heads, head_dim, inter, eps_root
     _ptr, _ptr, _i64, _i64,  # rot, slots, num_blocks, block_size
     _ptr, _i64, _ptr, _ptr,  # block_tables, bt_stride, seq_lens, req
-    _ptr, _ptr, _i64, _f32, ctypes.c_int,  # q_start, q_len, num_reqs, scale, threads
+    _ptr, _ptr, _i64, _f32, _ptr, ctypes.c_int,  # q_start, q_len, num_reqs, scale, tree_masks, threads
 ]  # fmt: skip
 
 
@@ -230,6 +230,7 @@ class DecodeForwardKernel:
             fields.append([  # decode_forward.c GROUP_FIELDS, in its order
                 bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(), ix.req.data_ptr(), ix.q_start.data_ptr(),
                 ix.q_len.data_ptr(), ix.num_reqs, slots.data_ptr(), ix.window,
+                0 if ix.tree_masks is None else ix.tree_masks.data_ptr(),
             ])  # fmt: skip
         group_table = torch.tensor(fields, dtype=torch.int64)
         num_layers = table.ptrs.shape[0]
@@ -281,7 +282,8 @@ class DecodeForwardKernel:
             x.data_ptr(), attn_in.data_ptr(), in_width, rows, s.hidden, s.heads, s.kv_heads, s.head_dim,
             s.inter, s.eps_root, rotations.data_ptr(), slot_mapping.data_ptr(), table.num_blocks,
             table.block_size, bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(), ix.req.data_ptr(),
-            ix.q_start.data_ptr(), ix.q_len.data_ptr(), ix.num_reqs, s.scale, torch.get_num_threads(),
+            ix.q_start.data_ptr(), ix.q_len.data_ptr(), ix.num_reqs, s.scale,
+            None if ix.tree_masks is None else ix.tree_masks.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("native head layer: out of scratch memory")

@@ -10,7 +10,9 @@
  *
  * Semantics (the same as the torch backends, tandem/model/attention/base.py): query j of a request with
  * q_len queries and seq_len keys sits at position seq_len - q_len + j and sees keys 0 .. that position; with
- * a sliding window w > 0 only keys position - w + 1 .. position. Chunks wholly before query 0's window are
+ * a sliding window w > 0 only keys position - w + 1 .. position; in a tree step (tree_masks) a query sees,
+ * of the 64 keys up to its own, those whose bits its mask sets (bit b: the key b before its own; its
+ * ancestors, itself and the context), and every key before them. Chunks wholly before query 0's window are
  * not run at all (a decode at any length reads at most ceil(w / KEY_CHUNK) + 1 chunks), and a chunk a query
  * sees nothing of adds nothing to its merge, so the bits stay those of the query attended alone.
  * Scores, softmax and the weighted sum accumulate in float32 for both storage dtypes; a bf16 result is
@@ -36,7 +38,7 @@
 #include <immintrin.h>
 #endif
 
-#define TANDEM_PAGED_ATTENTION_ABI 3
+#define TANDEM_PAGED_ATTENTION_ABI 4
 #define KEY_CHUNK 64 /* keys per task (a multiple of 16) */
 
 typedef struct {
@@ -54,6 +56,7 @@ typedef struct {
     const int64_t *rows;                  /* element offset of this head's K/V row for each key of the chunk */
     float *qf, *p, *mx, *sum;             /* [nq, head_dim] scaled queries, [nq, len16] scores, [nq] x 2 */
     float *partial;                       /* NULL: write the output; else [nq, head_dim + 2] partial results */
+    const int64_t *tree;                  /* NULL; or a tree step: query row j's visible last 64 keys as bits */
 } Task;
 
 static inline void load_row(const void *restrict base, int64_t elem, int64_t n, int is_bf16,
@@ -80,7 +83,19 @@ static void softmax_rows(const Problem *pb, Task *t, int64_t nq) {
         const int64_t visible = clamp64(t->vis0 + i / pb->group + 1, 0, t->len);
         const int64_t lo = clamp64(t->lo0 + i / pb->group, 0, visible);
         float *pi = t->p + i * t->len16, m = -INFINITY, sum = 0.0f;
+        if (t->tree) { /* of the 64 keys up to the query's own, those its bits clear */
+            const uint64_t bits = (uint64_t)t->tree[i / pb->group];
+            const int64_t own = t->vis0 + i / pb->group; /* chunk-relative; may lie past this chunk */
+            for (int64_t pos = own - 63 > lo ? own - 63 : lo; pos < visible; pos++)
+                if (!((bits >> (own - pos)) & 1)) pi[pos] = -INFINITY;
+        }
         for (int64_t pos = lo; pos < visible; pos++) m = pi[pos] > m ? pi[pos] : m;
+        if (m == -INFINITY) { /* nothing of this chunk visible to the query */
+            for (int64_t pos = 0; pos < t->len16; pos++) pi[pos] = 0.0f;
+            t->mx[i] = m;
+            t->sum[i] = 0.0f;
+            continue;
+        }
         for (int64_t pos = 0; pos < lo; pos++) pi[pos] = 0.0f;
         for (int64_t pos = lo; pos < visible; pos++) {
             pi[pos] = expf(pi[pos] - m);
@@ -329,14 +344,16 @@ int tandem_paged_attention_fast_path(int64_t head_dim) {
 /* q: [.., q_row_stride] rows; head h of row t starts at q + t * q_row_stride + h * head_dim.
  * out: same addressing with out_row_stride. k_cache / v_cache: [num_blocks, block_size, kv_heads, head_dim].
  * For group request r: batch row req[r] of block_tables ([*, bt_stride]) and seq_lens, query rows
- * q_start[r] .. q_start[r] + q_len[r]. window: 0, or the sliding window. Returns 0, or -1 when scratch memory
+ * q_start[r] .. q_start[r] + q_len[r]. tree_masks: NULL, or [query rows] each row's visible keys among the 64
+ * up to its own as bits (a tree step: bit b, the key b before the row's own). window: 0, or the sliding window. Returns 0, or -1 when scratch memory
  * could not be allocated. */
 int tandem_paged_attention(
     int is_bf16, const void *q, int64_t q_row_stride, void *out, int64_t out_row_stride,
     const void *k_cache, const void *v_cache, int64_t num_blocks, int64_t block_size,
     const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens,
     const int64_t *req, const int64_t *q_start, const int64_t *q_len, int64_t num_reqs,
-    int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int64_t window, int num_threads) {
+    int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, int64_t window, const int64_t *tree_masks,
+    int num_threads) {
     const Problem pb = {is_bf16, q, k_cache, v_cache, out, q_row_stride, out_row_stride,
                         head_dim, heads / kv_heads, scale};
     const int64_t max_keys = bt_stride * block_size, group = pb.group, stride = head_dim + 2;
@@ -380,7 +397,8 @@ int tandem_paged_attention(
             const int64_t len = lens[r] - k0 < KEY_CHUNK ? lens[r] - k0 : KEY_CHUNK; /* one chunk: every key */
             const int64_t lo0 = window > 0 ? lens[r] - q_len[r] - window + 1 - k0 : INT64_MIN / 4;
             Task t = {kvh, q_start[r], q_len[r], len, (len + 15) / 16 * 16, lens[r] - q_len[r] - k0,
-                      lo0, 0, 0, 0, 0, 0, 0};
+                      lo0, 0, 0, 0, 0, 0, 0, 0};
+            if (tree_masks) t.tree = tree_masks + q_start[r];
             const int64_t nq = t.ql * group;
             if (nch > 1) t.partial = partial + poff[r] + (kvh * nch + c) * nq * stride;
             const size_t floats = (size_t)(nq * head_dim * 2 + head_dim + 2 * nq + nq * t.len16);
@@ -429,7 +447,7 @@ int tandem_paged_attention(
             for (int64_t pair = 0; pair < num_reqs * kv_heads; pair++) {
                 const int64_t r = pair / kv_heads, kvh = pair % kv_heads, nch = nchunks[r];
                 if (nch == 1 || !acc) continue;
-                const Task t = {kvh, q_start[r], q_len[r], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                const Task t = {kvh, q_start[r], q_len[r], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
                 const int64_t nq = q_len[r] * group;
                 const float *base = partial + poff[r] + kvh * nch * nq * stride;
                 for (int64_t i = 0; i < nq; i++)

@@ -14,7 +14,7 @@ import torch
 
 from tandem import native
 
-_ABI = 3
+_ABI = 4
 _c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
 _ARGTYPES = [
     ctypes.c_int, _c_ptr, _c_i64, _c_ptr, _c_i64,  # is_bf16, q, q_row_stride, out, out_row_stride
@@ -22,7 +22,7 @@ _ARGTYPES = [
     _c_ptr, _c_i64, _c_ptr,  # block_tables, bt_stride, seq_lens
     _c_ptr, _c_ptr, _c_ptr, _c_i64,  # req, q_start, q_len, num_reqs
     _c_i64, _c_i64, _c_i64, ctypes.c_float,  # heads, kv_heads, head_dim, scale
-    _c_i64, ctypes.c_int,  # window (0: none), threads
+    _c_i64, _c_ptr, ctypes.c_int,  # window (0: none), tree_masks (None: causal), threads
 ]
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -39,6 +39,7 @@ class PagedAttentionIndices:
     q_len: torch.Tensor  # [n] int64 query rows of each
     num_rows: int  # T, the query rows of the forward
     window: int = 0  # a sliding window (each query sees its last ``window`` positions); 0 = none
+    tree_masks: torch.Tensor | None = None  # [T] int64 (ForwardBatch.tree_masks); None = causal
     num_reqs: int = field(init=False)  # the batch rows to attend (``req``'s length)
 
     def __post_init__(self) -> None:
@@ -64,10 +65,12 @@ class PagedAttentionKernel:
         q_len: torch.Tensor | list[int],
         num_rows: int,
         window: int = 0,
+        tree_masks: torch.Tensor | None = None,
     ) -> PagedAttentionIndices:
         """``block_tables`` ``[B, W]`` and ``seq_lens`` ``[B]`` (exact lengths) index batch rows;
         ``req``/``q_start``/``q_len`` ``[n]`` name the requests to attend (batch row, first query row,
-        query count) among ``num_rows`` query rows. Checked here, once per forward. The three may be host
+        query count) among ``num_rows`` query rows; ``tree_masks`` ``[num_rows]`` for a tree step
+        (``ForwardBatch.tree_masks``: at most 64 query rows a request). Checked here, once per forward. The three may be host
         lists (the usual case: the batch's layout is known on the host); then their bounds are checked
         in Python, which saves the tensor reductions a check of tensors costs."""
         if block_tables.dim() != 2 or block_tables.stride(1) != 1:
@@ -100,7 +103,13 @@ class PagedAttentionKernel:
                 raise ValueError("paged attention kernel: req names a row outside the tables")
         if window < 0:
             raise ValueError(f"paged attention kernel: window must be >= 0, got {window}")
-        return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows, window)
+        if tree_masks is not None:
+            if tree_masks.dtype != torch.int64 or tree_masks.device.type != "cpu" or tuple(tree_masks.shape) != (num_rows,):
+                raise ValueError(f"paged attention kernel: tree_masks must be int64 [{num_rows}] on the CPU")
+            if req.shape[0] and int(q_len.max()) > 64:
+                raise ValueError("paged attention kernel: a tree step takes at most 64 query rows a request")
+            tree_masks = tree_masks.contiguous()
+        return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows, window, tree_masks)
 
     def __call__(
         self,
@@ -124,7 +133,8 @@ class PagedAttentionKernel:
             k_cache.data_ptr(), v_cache.data_ptr(), num_blocks, block_size,
             bt.data_ptr(), bt.stride(0), ix.seq_lens.data_ptr(),
             ix.req.data_ptr(), ix.q_start.data_ptr(), ix.q_len.data_ptr(), ix.num_reqs,
-            heads, kv_heads, head_dim, scale, ix.window, torch.get_num_threads(),
+            heads, kv_heads, head_dim, scale, ix.window,
+            None if ix.tree_masks is None else ix.tree_masks.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("paged attention kernel could not allocate its scratch memory")

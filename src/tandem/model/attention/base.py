@@ -7,7 +7,8 @@ Each layer call first writes this step's K/V into the cache by ``slot_mapping``,
 
 Shapes: ``q`` ``[T, num_heads, head_dim]``, ``k``/``v`` ``[T, num_kv_heads, head_dim]``, caches
 ``[num_blocks, block_size, num_kv_heads, head_dim]``; the output is ``[T, num_heads, head_dim]``.
-Query j of request i sits at position ``seq_lens[i] - query_len(i) + j`` and sees keys ``0 ..`` that position;
+Query j of request i sits at position ``seq_lens[i] - query_len(i) + j`` and sees keys ``0 ..`` that position
+(a tree step, ``ForwardBatch.tree_masks``: of the 64 keys up to its own only those its bits set);
 with a sliding ``window`` w > 0 only the last w of them: keys ``position - w + 1 .. position`` (Gemma 3's local
 layers; the same bound as transformers' and llama.cpp's). Keys before the window are never read, so the KV
 manager may hand their blocks back (core/kv_cache_manager.py).
@@ -45,6 +46,14 @@ class AttentionBackend(ABC):
         scale: float,
     ) -> torch.Tensor:
         """Write ``k``/``v`` into the caches, then return attention output ``[T, num_heads, head_dim]``."""
+
+
+def tree_visible(bits: torch.Tensor, back: torch.Tensor) -> torch.Tensor:
+    """Tree steps (``ForwardBatch.tree_masks``): whether a query row with mask ``bits`` may see the key ``back``
+    keys before its own (bit ``back`` below 64, else always; a negative ``back``, a later key, is for the causal
+    mask to hide). Broadcasts; ``bits`` int64."""
+    shifted = torch.bitwise_right_shift(bits, back.clamp(min=0, max=63))
+    return (back >= 64) | (shifted & 1).bool()
 
 
 def write_kv(

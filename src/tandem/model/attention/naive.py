@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.model.attention.base import AttentionBackend, slots_for_positions, write_kv
+from tandem.model.attention.base import AttentionBackend, slots_for_positions, tree_visible, write_kv
 from tandem.model.forward_batch import ForwardBatch
 
 
@@ -48,6 +48,8 @@ class NaiveBackend(AttentionBackend):
             visible = key_pos <= query_pos
             if window:
                 visible &= key_pos > query_pos - window
+            if batch.tree_masks is not None:  # of the keys just before a row's own, those its bits set
+                visible &= tree_visible(batch.tree_masks[start:end].unsqueeze(1), query_pos - key_pos)
             requests.append(NaiveRequest(start, end, slots, visible))
         return NaiveMetadata(batch.slot_mapping, tuple(requests))
 

@@ -66,6 +66,8 @@ class PagedCpuBackend(SdpaBackend):
         if batch.block_tables.device.type != "cpu" or kernel is None:
             return super().build_metadata(batch, block_size, window)
         qsl = batch.query_start_loc
+        if window and batch.tree_masks is not None:
+            raise ValueError("tree steps (tree_masks) are not supported on sliding-window layers")
         short: list[int] = []
         longs: list[LongQuery] = []
         for i in range(batch.num_reqs):
@@ -86,6 +88,7 @@ class PagedCpuBackend(SdpaBackend):
                 [qsl[i + 1] - qsl[i] for i in short],
                 batch.num_tokens,
                 window,
+                batch.tree_masks,
             )
         return PagedCpuMetadata(batch.slot_mapping, batch.num_tokens, ix, tuple(longs))
 

@@ -7,6 +7,7 @@ Requests are grouped so a layer makes few SDPA calls whatever the batch size:
 - short multi-token queries (verifying k drafts, small chunks) form a second padded call with a causal mask;
 - long queries (prefill chunks) get one call each; a fresh prefill (nothing cached before it) attends to its
   own K/V directly with ``is_causal`` and skips the gather.
+- tree steps (``ForwardBatch.tree_masks``) add each row's mask of the keys just before its own.
 Every index tensor and mask is built once per forward in :meth:`SdpaBackend.build_metadata`. With a sliding
 window the masks also hide keys before each query's window, and a fresh prefill takes an explicit mask.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tandem.model.attention.base import AttentionBackend, slots_for_positions, write_kv
+from tandem.model.attention.base import AttentionBackend, slots_for_positions, tree_visible, write_kv
 from tandem.model.forward_batch import ForwardBatch
 
 
@@ -67,6 +68,8 @@ class SdpaBackend(AttentionBackend):
 
     def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> SdpaMetadata:
         qsl = batch.query_start_loc
+        if window and batch.tree_masks is not None:
+            raise ValueError("tree steps (tree_masks) are not supported on sliding-window layers")
         decode: list[int] = []
         short: list[int] = []
         long_: list[int] = []
@@ -110,6 +113,11 @@ class SdpaBackend(AttentionBackend):
             # [n, max_q]: query j of a request sees keys up to context + j.
             last_visible = context.unsqueeze(1) + torch.arange(max_q, device=device)
             visible = (key_pos <= last_visible.unsqueeze(2)) & (key_pos < seq_t.view(n, 1, 1))
+            if batch.tree_masks is not None:  # [n, max_q] bits, padding rows repeating a real row's
+                first_row = qsl[reqs[0]]
+                rows = q_rows if q_rows is not None else torch.arange(first_row, first_row + n * max_q, device=device)
+                bits = batch.tree_masks.index_select(0, rows).view(n, max_q, 1)
+                visible &= tree_visible(bits, last_visible.unsqueeze(2) - key_pos)
             mask = _additive(visible.unsqueeze(1), self.mask_dtype)
         row_start = qsl[reqs[0]]
         return PaddedGroup(n, max_q, row_start, q_rows, out_rows, out_src, slots, max_len, mask)
@@ -159,7 +167,8 @@ class SdpaBackend(AttentionBackend):
         seq_len, q_len = batch.seq_lens[i], end - start
         device = batch.block_tables.device
         query_pos = torch.arange(seq_len - q_len, seq_len, device=device).unsqueeze(1)
-        if q_len == seq_len:
+        tree = None if batch.tree_masks is None else batch.tree_masks[start:end]
+        if q_len == seq_len and tree is None:
             if not window or q_len <= window:  # the window hides nothing
                 return LongQuery(start, end, None, None)
             key_pos = torch.arange(seq_len, device=device)
@@ -172,6 +181,8 @@ class SdpaBackend(AttentionBackend):
         visible = key_pos <= query_pos
         if window:
             visible &= key_pos > query_pos - window
+        if tree is not None:
+            visible &= tree_visible(tree.unsqueeze(1), query_pos - key_pos)
         return LongQuery(start, end, slots, _additive(visible, self.mask_dtype))
 
     def forward(

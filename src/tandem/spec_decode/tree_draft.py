@@ -1,0 +1,179 @@
+"""Draft trees from a draft head: EAGLE-2's dynamic tree (Li et al., 2024), on the device.
+
+Shape (:class:`TreeShape`): ``top_k`` children per expanded node, ``depth`` levels, ``max_nodes`` verified.
+
+- Level 1: the head's distribution after the last accepted token gives the root's ``top_k`` children.
+- Level d > 1: the ``top_k`` nodes of level d - 1 with the highest *score* — the draft's cumulative
+  log-probability of the node's path — are expanded: the head runs one row per expanded node (its token, the
+  feature of its parent's row) and the node's ``top_k`` most probable tokens become its children.
+- Of every node created, the ``max_nodes`` with the highest scores are verified. A path's score only falls as it
+  grows, so a kept node's ancestors are kept too (ties go to the shallower node); the kept nodes are numbered
+  topologically — by depth, then by creation — and each names its parent's number (0: the root).
+
+A chain of k drafts is the tree with ``top_k = 1``, ``depth = k``, ``max_nodes = k``.
+
+The head rows of a level attend to the head's KV of the context and of the node's expanded ancestors, which
+earlier levels wrote: expansion slot ``s`` (levels in order, ``top_k`` slots a level) is written at key index
+``base + s`` of the request's sequence, and the row's ancestors are a set of earlier slots (``HeadStep`` gets
+them as a bool mask over slots and turns them into the attention's tree mask). Every tensor op is batched over
+requests and nothing is read back to the host, so the tree for step N+1 can be drafted while the host
+schedules: its shape is fixed by :class:`TreeShape`, its contents live on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from tandem.model.forward_batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from tandem.spec_decode.eagle import DraftHeadProposer
+
+# (tokens [B, E], features [B, E, H], depths [B, E] of the expanded nodes, slots [E] of their rows,
+#  ancestors [B, E, S] bool over expansion slots, the row's own slot included) -> head outputs [B, E, H]
+HeadStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# head outputs [M, H] -> draft-vocabulary log-probabilities [M, Vd]
+LogProbs = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    top_k: int
+    depth: int
+    max_nodes: int
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "depth", "max_nodes"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"tree.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.max_nodes > self.created:
+            raise ValueError(f"tree.max_nodes {self.max_nodes}: a tree of top_k {self.top_k} and depth "
+                             f"{self.depth} creates only {self.created} nodes")
+        if self.max_nodes > 63 or self.expansions > 63:
+            raise ValueError(f"tree: at most 63 verified nodes and 63 head rows a request (max_nodes "
+                             f"{self.max_nodes}, head rows {self.expansions})")
+
+    @property
+    def created(self) -> int:
+        """Nodes created per request: ``top_k`` on level 1, ``top_k * top_k`` on each later one."""
+        return self.top_k + (self.depth - 1) * self.top_k * self.top_k
+
+    @property
+    def expansions(self) -> int:
+        """Head rows per request (``top_k`` on each level after the first)."""
+        return (self.depth - 1) * self.top_k
+
+
+class DraftTree(NamedTuple):
+    tokens: torch.Tensor  # [B, N] int64 target token ids, topological order
+    parents: torch.Tensor  # [B, N] int64: 0 the root, else the parent's number (1..N)
+    depths: torch.Tensor  # [B, N] int64: 1 for the root's children
+
+
+def expand_tree(h_root: torch.Tensor, log_probs: LogProbs, to_target: Callable[[torch.Tensor], torch.Tensor],
+                head_step: HeadStep, shape: TreeShape) -> DraftTree:
+    """The draft tree of every request: ``h_root`` ``[B, H]`` the head's output at each request's last
+    accepted row; ``log_probs`` the head's draft-vocabulary log-probabilities of head outputs;
+    ``to_target`` draft ids -> target ids; ``head_step`` one level's head rows (see :data:`HeadStep`)."""
+    batch, device = h_root.shape[0], h_root.device
+    k, c_all, s_all = shape.top_k, shape.created, shape.expansions
+    tok = torch.full((batch, c_all), -1, dtype=torch.int64, device=device)
+    score = torch.full((batch, c_all), float("-inf"), device=device)
+    parent = torch.full((batch, c_all), -1, dtype=torch.int64, device=device)  # creation index; -1: the root
+    depth = torch.zeros(batch, c_all, dtype=torch.int64, device=device)
+    anc = torch.zeros(batch, c_all, max(s_all, 1), dtype=torch.bool, device=device)  # expanded ancestors' slots
+    slot_of = torch.full((batch, c_all), -1, dtype=torch.int64, device=device)  # a node's expansion slot
+    h_slot = torch.zeros(batch, max(s_all, 1), h_root.shape[1], dtype=h_root.dtype, device=device)
+
+    v, i = log_probs(h_root).topk(k, dim=-1)
+    tok[:, :k], score[:, :k], depth[:, :k] = to_target(i), v.float(), 1
+    level_start, created = 0, k
+    for level in range(2, shape.depth + 1):
+        prev = torch.arange(level_start, created, device=device)
+        x = prev[score[:, level_start:created].topk(k, dim=-1).indices]  # [B, k] nodes to expand
+        slots = torch.arange((level - 2) * k, (level - 1) * k, device=device)  # [k]
+        px = parent.gather(1, x)
+        from_slot = slot_of.gather(1, px.clamp(min=0))  # the parent's head row (a level-1 node's: the root's)
+        feats = torch.where((px < 0).unsqueeze(2), h_root.unsqueeze(1),
+                            h_slot.gather(1, from_slot.clamp(min=0).unsqueeze(2).expand(-1, -1, h_root.shape[1])))
+        rows_anc = anc.gather(1, x.unsqueeze(2).expand(-1, -1, anc.shape[2])).clone()
+        rows_anc[:, torch.arange(k, device=device), slots] = True  # each row sees its own key
+        h = head_step(tok.gather(1, x), feats, depth.gather(1, x), slots, rows_anc)  # [B, k, H]
+        h_slot[:, slots] = h
+        slot_of.scatter_(1, x, slots.unsqueeze(0).expand(batch, -1))
+        lv, li = log_probs(h.reshape(batch * k, -1)).topk(k, dim=-1)  # [B * k, k]
+        new = slice(created, created + k * k)
+        tok[:, new] = to_target(li).view(batch, k * k)
+        score[:, new] = (score.gather(1, x).unsqueeze(2) + lv.float().view(batch, k, k)).view(batch, k * k)
+        parent[:, new] = x.repeat_interleave(k, dim=1)
+        depth[:, new] = level
+        anc[:, new] = rows_anc.repeat_interleave(k, dim=1)
+        level_start, created = created, created + k * k
+    # The verified nodes: best scores (ties to the shallower), numbered by depth then creation.
+    rank = score - 1e-4 * depth.float()
+    keep = rank.topk(shape.max_nodes, dim=-1).indices
+    keep = keep.gather(1, (depth.gather(1, keep) * c_all + keep).argsort(dim=1))
+    number = torch.zeros(batch, c_all, dtype=torch.int64, device=device)
+    number.scatter_(1, keep, torch.arange(1, shape.max_nodes + 1, device=device).expand(batch, -1))
+    kp = parent.gather(1, keep)
+    parents = torch.where(kp < 0, 0, number.gather(1, kp.clamp(min=0)))
+    return DraftTree(tok.gather(1, keep), parents, depth.gather(1, keep))
+
+
+class TreeDrafter:
+    """A draft head's trees: :func:`expand_tree` over a :class:`DraftHeadProposer`'s head, KV and backend."""
+
+    def __init__(self, proposer: DraftHeadProposer, shape: TreeShape) -> None:
+        self.proposer, self.shape = proposer, shape
+
+    def draft(self, h_root: torch.Tensor, tables: torch.Tensor, base: torch.Tensor, root_pos: torch.Tensor,
+              upper: list[int]) -> DraftTree:
+        """The trees of requests whose last accepted rows' head outputs are ``h_root`` ``[B, H]``; the rest as
+        :meth:`head_step` takes them."""
+        step = self.head_step(tables, base, root_pos, upper)
+        return expand_tree(h_root, self.log_probs, self.to_target, step, self.shape)
+
+    def log_probs(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary log-probabilities of head outputs ``[M, H]``."""
+        return torch.log_softmax(self.proposer.head.logits(h).float(), dim=-1)
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids as target ids."""
+        dmap = self.proposer.head.draft_map
+        return ids if dmap is None else dmap[ids]
+
+    def head_step(self, tables: torch.Tensor, base: torch.Tensor, root_pos: torch.Tensor, upper: list[int]) -> HeadStep:
+        """One tree level's head rows for requests with block tables ``tables`` ``[B, W]``: expansion slot s
+        of request b is written at key index ``base[b] + s``, a node at depth d takes position
+        ``root_pos[b] + d - 1`` (the row whose next token is the node), and sees the context before
+        ``base[b]`` and its ancestors' slots. ``upper``: host upper bounds of ``base`` (nothing is read back)."""
+        prop, bs, max_slots = self.proposer, self.proposer.block_size, self.shape.expansions
+
+        def step(ids: torch.Tensor, feats: torch.Tensor, depths: torch.Tensor, slots: torch.Tensor,
+                 anc: torch.Tensor) -> torch.Tensor:
+            b, e = ids.shape
+            key = (base.unsqueeze(1) + slots).reshape(-1)  # each row's own key index
+            rows_tables = tables.repeat_interleave(e, dim=0)
+            slot_map = rows_tables.gather(1, torch.div(key, bs, rounding_mode="floor").unsqueeze(1)).squeeze(1) * bs + key % bs
+            # tree mask: bit (s - a) for each ancestor slot a (itself included), every key before base
+            back = slots.view(1, e, 1) - torch.arange(anc.shape[2], device=anc.device).view(1, 1, -1)
+            bits = ((anc & (back >= 0)).long() << back.clamp(min=0)).sum(dim=-1)
+            bits |= torch.bitwise_left_shift(torch.full_like(slots, -1), slots + 1).view(1, e)
+            cb = ForwardBatch(
+                input_ids=ids.reshape(-1),
+                positions=(root_pos.unsqueeze(1) + depths - 1).reshape(-1),
+                slot_mapping=slot_map,
+                block_tables=rows_tables,
+                query_start_loc=list(range(b * e + 1)),
+                seq_lens=[u + max_slots for u in upper for _ in range(e)],
+                seq_lens_dev=key + 1,
+                tree_masks=bits.reshape(-1),
+            )
+            metadata = prop.backend.build_metadata(cb, bs)
+            return prop._head(cb.input_ids, feats.reshape(b * e, -1), cb.positions, metadata).view(b, e, -1)
+
+        return step
