@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment  # noqa: E402
+from common import environment, grouped_bars  # noqa: E402
 
 from tandem import LLM, SamplingParams  # noqa: E402
 from tandem.model.native_decode import NativeDecode  # noqa: E402
@@ -87,24 +87,10 @@ def main() -> None:
         Path(args.json).write_text(json.dumps({"environment": environment(), "args": vars(args),
                                                "results": results}, indent=1))
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 3.6))
-        labels = [f"{r['n']}" + ("" if r["spec"] == "none" else f"+{r['spec']}") + f"\n{r['rows']} rows" for r in results]
-        xs = range(len(results))
-        ax.bar([x - 0.2 for x in xs], [r["narrow_ms"] for r in results], 0.4, label="stack <= 8 rows, torch layers above")
-        ax.bar([x + 0.2 for x in xs], [r["wide_ms"] for r in results], 0.4, label="stack <= its limit")
-        ax.set_xticks(list(xs), labels)
-        ax.set_ylabel("ms per step (median)")
-        ax.legend()
-        ax.grid(axis="y", alpha=0.3)
-        fig.suptitle("SmolLM2-135M Q4_1 decode/verify steps: native stack width")
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
-
+        groups = [f"{r['n']}" + ("" if r["spec"] == "none" else f"+{r['spec']}") + f"\n{r['rows']} rows" for r in results]
+        grouped_bars(args.plot, groups, {"stack <= 8 rows, torch layers above": [r["narrow_ms"] for r in results],
+                                         "stack <= its limit": [r["wide_ms"] for r in results]},
+                     "ms per step (median)", "SmolLM2-135M Q4_1 decode/verify steps: native stack width")
 
 if __name__ == "__main__":
     main()

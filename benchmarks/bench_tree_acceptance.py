@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, humaneval  # noqa: E402
+from common import environment, grouped_bars, humaneval  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tandem import LLM, SamplingParams  # noqa: E402
@@ -78,24 +78,31 @@ def main() -> None:
         llm = LLM(speculative_config={"method": method, "num_speculative_tokens": 3})
         runner = llm.engine.core.executor.runner
         model, proposer = runner.model, runner.proposer
+        # Everything runs on the engine's worker thread: torch's OpenMP team belongs to the thread that built the
+        # model, and a second team on this thread would oversubscribe the cores.
+        pool = llm.engine.core.executor._pool
+
+        def on_worker(fn, *a, **kw):  # type: ignore[no-untyped-def]
+            return pool.submit(fn, *a, **kw).result()
+
         tok = llm.get_tokenizer()
         eos = frozenset(getattr(tok, "eos_token_ids", None) or {tok.eos_token_id})
         prompts = [list(o.prompt_token_ids) for o in
                    llm.generate(texts, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)]
-        plain = [generate(model, proposer, p, args.max_tokens, None, stop_token_ids=eos).tokens
+        plain = [on_worker(generate, model, proposer, p, args.max_tokens, None, stop_token_ids=eos).tokens
                  for p in tqdm(prompts, desc=f"{method} plain greedy")]
-        one_row = verify_ms(model, 1)
+        one_row = on_worker(verify_ms, model, 1)
         for shape in shapes:
             lengths: list[int] = []
             mismatches, tokens = 0, 0
             start = time.perf_counter()
             for p, want in zip(tqdm(prompts, desc=f"{method} {shape.top_k}x{shape.depth}->{shape.max_nodes}"), plain):
-                run = generate(model, proposer, p, args.max_tokens, shape, stop_token_ids=eos)
+                run = on_worker(generate, model, proposer, p, args.max_tokens, shape, stop_token_ids=eos)
                 lengths += run.accepted_lengths
                 tokens += len(run.tokens)
                 mismatches += run.tokens != want
             elapsed = time.perf_counter() - start
-            verify = verify_ms(model, shape.max_nodes + 1)
+            verify = on_worker(verify_ms, model, shape.max_nodes + 1)
             results.append({
                 "method": method, "top_k": shape.top_k, "depth": shape.depth, "max_nodes": shape.max_nodes,
                 "chain": shape.top_k == 1, "steps": len(lengths), "tokens": tokens,
@@ -123,26 +130,14 @@ def main() -> None:
                                                "split": f"HumanEval problems {min(REPORT_SPLIT)}-{max(REPORT_SPLIT)}",
                                                "results": results}, indent=1))
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(8, 3.8))
-        width = 0.8 / len(shapes)
-        for j, shape in enumerate(shapes):
-            ys = [next(r["mean_acceptance_length"] for r in results if r["method"] == m and r["top_k"] == shape.top_k
-                       and r["depth"] == shape.depth and r["max_nodes"] == shape.max_nodes) for m in args.methods]
+        series = {}
+        for shape in shapes:
             label = "chain k=3" if shape.top_k == 1 else f"tree {shape.top_k}x{shape.depth} -> {shape.max_nodes}"
-            ax.bar([i + j * width for i in range(len(args.methods))], ys, width, label=label)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(args.methods))], args.methods)
-        ax.set_ylabel("mean acceptance length (tokens / step)")
-        ax.legend(fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-        fig.suptitle("SmolLM2-135M heads, HumanEval 100-163, greedy, 128 tokens: chain vs tree")
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
-
+            series[label] = [next(r["mean_acceptance_length"] for r in results if r["method"] == m
+                                  and (r["top_k"], r["depth"], r["max_nodes"]) == (shape.top_k, shape.depth, shape.max_nodes))
+                             for m in args.methods]
+        grouped_bars(args.plot, args.methods, series, "mean acceptance length (tokens / step)",
+                     "SmolLM2-135M heads, HumanEval 100-163, greedy, 128 tokens: chain vs tree")
 
 if __name__ == "__main__":
     main()

@@ -84,3 +84,23 @@ def report(
     if args.json:
         out = {"environment": environment(), "args": vars(args), "results": results}
         Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+def grouped_bars(path: str, groups: list[str], series: dict[str, list[float]], ylabel: str, title: str) -> None:
+    """A bar chart of ``series`` (label -> one value per group), the bars of each group side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    width = 0.8 / max(1, len(series))
+    for j, (label, ys) in enumerate(series.items()):
+        ax.bar([i + j * width for i in range(len(groups))], ys, width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
