@@ -1,5 +1,5 @@
 """Tree verification (sample/tree_rejection.py): exact greedy walks on hand-built and random trees, the
-chain as a special case of the tree (draw for draw), the tree attention mask, and the target's law.
+chain as a special case of the tree (draw for draw), depths, and the target's law.
 
 The statistical assertions use the Bretagnolle-Huber-Carol bound of test_rejection_sampler.py at a failure
 probability of 1e-6 each (five assertions here: a correct sampler fails with probability below 1e-5; the
@@ -16,7 +16,6 @@ import torch
 from tandem.sample import make_generator, rejection_sample
 from tandem.sample.tree_rejection import (
     greedy_tree_verify,
-    tree_attention_mask,
     tree_depths,
     tree_rejection_sample,
 )
@@ -79,18 +78,8 @@ def test_greedy_equals_a_reference_walk_on_random_trees() -> None:
             assert row[: len(want)] == want and all(x == -1 for x in row[len(want) :])
 
 
-def test_depths_and_attention_mask() -> None:
-    parent = _t([[0, 0, 1, 1, 3]])
-    assert tree_depths(parent).tolist() == [[1, 1, 2, 2, 3]]
-    mask = tree_attention_mask(parent)[0].int().tolist()
-    assert mask == [
-        [1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [1, 0, 1, 0, 0, 0],
-        [1, 1, 0, 1, 0, 0],
-        [1, 1, 0, 0, 1, 0],
-        [1, 1, 0, 1, 0, 1],
-    ]
+def test_depths() -> None:
+    assert tree_depths(_t([[0, 0, 1, 1, 3]])).tolist() == [[1, 1, 2, 2, 3]]
 
 
 @pytest.mark.parametrize("greedy", [False, True])

@@ -59,18 +59,6 @@ def tree_depths(parent: torch.Tensor) -> torch.Tensor:
     return depth[:, 1:]
 
 
-def tree_attention_mask(parent: torch.Tensor) -> torch.Tensor:
-    """Which tree rows each row attends to, ``[B, N + 1, N + 1]`` bool (row 0: the root): itself and its
-    ancestors. (Every row also attends to the whole confirmed context before the root.)"""
-    batch, n = parent.shape
-    eye = torch.eye(n + 1, dtype=torch.bool, device=parent.device)
-    mask = eye.unsqueeze(0).repeat(batch, 1, 1)
-    for i in range(1, n + 1):  # a node sees what its parent sees, and itself
-        par = parent[:, i - 1].clamp(min=0)
-        mask[:, i] |= mask[torch.arange(batch, device=parent.device), par]
-    return mask
-
-
 def greedy_tree_verify(target_ids: torch.Tensor, draft_token_ids: torch.Tensor, parent: torch.Tensor) -> TreeVerdict:
     """The greedy rule on ids alone: ``target_ids`` ``[B, N + 1]`` = argmax p_n of every row."""
     return _walk(target_ids, None, draft_token_ids, parent, None, torch.ones(target_ids.shape[0], dtype=torch.bool,
