@@ -134,3 +134,12 @@ def test_bad_tree_masks_are_refused() -> None:
     batch.tree_masks = torch.tensor([1, 3, 6])  # row 2 without the root
     with pytest.raises(ValueError, match="tree mask"):
         batch.validate(BLOCK)
+
+
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "paged_cpu"])
+def test_sliding_windows_refuse_tree_steps(backend: str) -> None:
+    from tandem.model.attention import create_attention_backend
+
+    batch = build_forward_batch([PagedRequest([1, 2, 3], 2, [0, 1], parents=[0, 0])], BLOCK)
+    with pytest.raises(ValueError, match="sliding-window"):
+        create_attention_backend(backend, torch.float32).build_metadata(batch, BLOCK, window=8)

@@ -36,6 +36,8 @@ class NaiveBackend(AttentionBackend):
 
     def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> NaiveMetadata:
         device = batch.block_tables.device
+        if window and batch.tree_masks is not None:
+            raise ValueError("tree steps (tree_masks) are not supported on sliding-window layers")
         # The reference backend needs exact lengths on the host: a sync when they live on the device.
         lens = batch.seq_lens if batch.seq_lens_dev is None else batch.seq_lens_dev.tolist()
         requests = []
