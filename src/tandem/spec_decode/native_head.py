@@ -41,7 +41,7 @@ class NativeHeadLayer:
         self.head, self.kernel = head, kernel
         # As many rows as the torch layer's products would run in the same few-row kernel (linear.py): any
         # count the kernel takes for int8 weights or bf16 ones under float32 activations, else the dense limit.
-        mixed = head.weight_dtype == torch.int8 or head.weight_dtype != head.dtype
+        mixed = head.weight_dtype != head.dtype  # int8, or bf16 under float32
         self.max_rows = kernel.max_rows if mixed else min(kernel.max_rows, NATIVE_FEW_ROWS)
         self.shape = StackShape(
             hidden=hidden,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from tandem.model.attention.base import slots_for_positions
 from tandem.model.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class TreeDrafter:
             b, e = ids.shape
             key = (base.unsqueeze(1) + slots).reshape(-1)  # each row's own key index
             rows_tables = tables.repeat_interleave(e, dim=0)
-            slot_map = rows_tables.gather(1, torch.div(key, bs, rounding_mode="floor").unsqueeze(1)).squeeze(1) * bs + key % bs
+            slot_map = slots_for_positions(rows_tables, key.unsqueeze(1), bs).view(-1)
             # tree mask: bit (s - a) for each ancestor slot a (itself included), every key before base
             back = slots.view(1, e, 1) - torch.arange(anc.shape[2], device=anc.device).view(1, 1, -1)
             bits = ((anc & (back >= 0)).long() << back.clamp(min=0)).sum(dim=-1)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tandem.model.attention.base import slots_for_positions
 from tandem.model.forward_batch import KVCache
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
 from tandem.model.transformer import CausalLM
@@ -57,7 +58,7 @@ def generate(model: CausalLM, proposer: DraftHeadProposer, prompt: list[int], ma
     kv = KVCache.allocate(model.num_layers, n_blocks, bs, a.num_key_value_heads, a.head_dim, model.dtype, model.device)
     head_kv = KVCache.allocate(1, n_blocks + 1, bs, head.cfg.num_key_value_heads, head.cfg.head_dim, model.dtype,
                                model.device)
-    prop = DraftHeadProposer(max(1, shape.depth if shape else 1), head, head_kv, model.attn_backend,
+    prop = DraftHeadProposer(shape.depth if shape else 1, head, head_kv, model.attn_backend,
                              proposer.aux_hidden_layers)
     aux = prop.aux_hidden_layers
     tables = torch.tensor([table], dtype=torch.int64, device=model.device)
@@ -73,7 +74,7 @@ def generate(model: CausalLM, proposer: DraftHeadProposer, prompt: list[int], ma
         return prop._head(batch.input_ids, feats, batch.positions, prop.backend.build_metadata(batch, bs))
 
     def slots(positions: list[int]) -> torch.Tensor:
-        return torch.tensor([table[p // bs] * bs + p % bs for p in positions], device=model.device)
+        return slots_for_positions(tables, torch.tensor(positions, device=model.device), bs).view(-1)
 
     out = model(build_forward_batch([PagedRequest(prompt, 0, table)], bs, model.device), kv,
                 aux_hidden_layers=aux if shape else ())

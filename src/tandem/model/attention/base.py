@@ -48,6 +48,12 @@ class AttentionBackend(ABC):
         """Write ``k``/``v`` into the caches, then return attention output ``[T, num_heads, head_dim]``."""
 
 
+def refuse_windowed_trees(batch: ForwardBatch, window: int) -> None:
+    """Tree steps follow slots, not positions, so a sliding window would cut at the wrong key: refused."""
+    if window and batch.tree_masks is not None:
+        raise ValueError("tree steps (tree_masks) are not supported on sliding-window layers")
+
+
 def tree_visible(bits: torch.Tensor, back: torch.Tensor) -> torch.Tensor:
     """Tree steps (``ForwardBatch.tree_masks``): whether a query row with mask ``bits`` may see the key ``back``
     keys before its own (bit ``back`` below 64, else always; a negative ``back``, a later key, is for the causal

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.model.attention.base import AttentionBackend, slots_for_positions, tree_visible, write_kv
+from tandem.model.attention.base import (
+    AttentionBackend,
+    refuse_windowed_trees,
+    slots_for_positions,
+    tree_visible,
+    write_kv,
+)
 from tandem.model.forward_batch import ForwardBatch
 
 
@@ -36,8 +42,7 @@ class NaiveBackend(AttentionBackend):
 
     def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> NaiveMetadata:
         device = batch.block_tables.device
-        if window and batch.tree_masks is not None:
-            raise ValueError("tree steps (tree_masks) are not supported on sliding-window layers")
+        refuse_windowed_trees(batch, window)
         # The reference backend needs exact lengths on the host: a sync when they live on the device.
         lens = batch.seq_lens if batch.seq_lens_dev is None else batch.seq_lens_dev.tolist()
         requests = []

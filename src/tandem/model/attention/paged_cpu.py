@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.model.attention.base import write_kv
+from tandem.model.attention.base import refuse_windowed_trees, write_kv
 from tandem.model.attention.sdpa import LongQuery, SdpaBackend, _attend_long
 from tandem.model.forward_batch import ForwardBatch
 from tandem.native.paged_attention import (
@@ -66,8 +66,7 @@ class PagedCpuBackend(SdpaBackend):
         if batch.block_tables.device.type != "cpu" or kernel is None:
             return super().build_metadata(batch, block_size, window)
         qsl = batch.query_start_loc
-        if window and batch.tree_masks is not None:
-            raise ValueError("tree steps (tree_masks) are not supported on sliding-window layers")
+        refuse_windowed_trees(batch, window)
         short: list[int] = []
         longs: list[LongQuery] = []
         for i in range(batch.num_reqs):

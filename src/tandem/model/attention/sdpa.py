@@ -19,7 +19,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tandem.model.attention.base import AttentionBackend, slots_for_positions, tree_visible, write_kv
+from tandem.model.attention.base import (
+    AttentionBackend,
+    refuse_windowed_trees,
+    slots_for_positions,
+    tree_visible,
+    write_kv,
+)
 from tandem.model.forward_batch import ForwardBatch
 
 
@@ -68,8 +74,7 @@ class SdpaBackend(AttentionBackend):
 
     def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> SdpaMetadata:
         qsl = batch.query_start_loc
-        if window and batch.tree_masks is not None:
-            raise ValueError("tree steps (tree_masks) are not supported on sliding-window layers")
+        refuse_windowed_trees(batch, window)
         decode: list[int] = []
         short: list[int] = []
         long_: list[int] = []
