@@ -14,7 +14,7 @@ What changes with async (docs/SEMANTICS.md §3):
 from __future__ import annotations
 
 from tandem.core.interface import SchedulerOutput
-from tandem.core.limits import draft_slots, remaining_tokens
+from tandem.core.limits import remaining_tokens
 from tandem.core.request import Request
 from tandem.core.scheduler import Scheduler
 
@@ -32,8 +32,7 @@ class AsyncScheduler(Scheduler):
     def _can_schedule_running(self, req: Request) -> bool:
         return self._guaranteed_remaining(req) > 0
 
-    def _max_draft_slots(self, req: Request) -> int:
-        return draft_slots(len(req.spec_token_ids), self._guaranteed_remaining(req))
+    _room = _guaranteed_remaining  # type: ignore[assignment]
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         super()._update_after_schedule(out)

@@ -97,7 +97,8 @@ class BlockPool:
         for _ in range(n):
             block_id, _ = self._free.popitem(last=False)
             block = self.blocks[block_id]
-            self._evict(block)
+            if block.block_hash is not None:
+                self._evict(block)
             block.ref_cnt = 1
             out.append(block)
         return out

@@ -91,10 +91,11 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.group_windows = tuple(group_windows)
         self.num_groups = len(self.group_windows)
+        self.any_window = any(self.group_windows)  # some group releases blocks its window slid past
         self.lookback = lookback
         self.pool = BlockPool(num_blocks)
         # The null block fills the table entries of released blocks; it is held for ever, never read.
-        self._null: KVBlock | None = self.pool.allocate(1)[0] if any(self.group_windows) else None
+        self._null: KVBlock | None = self.pool.allocate(1)[0] if self.any_window else None
         self._blocks: dict[str, list[list[KVBlock]]] = {}  # per request, per group
         self._num_cached: dict[str, list[int]] = {}  # per request, per group: leading blocks walked by caching
         self._released: dict[str, list[int]] = {}  # per request, per group: leading blocks released
@@ -246,15 +247,18 @@ class KVCacheManager:
             total += num_lookahead_tokens
             if req.max_model_len is not None:
                 total = min(total, max(req.max_model_len, req.num_computed_tokens + num_new_tokens))
-        need = [self.blocks_needed(total) - len(held[g]) - len(hits[g]) for g in range(self.num_groups)]
+        blocks = -(-total // self.block_size)
+        need = [blocks - len(held[g]) - len(hits[g]) for g in range(self.num_groups)]
         # Window groups: held blocks every query from this step on has slid past go back to the pool — once
         # the steps that wrote them came back (wholly before the completed frontier), entering the prefix
         # cache first, so a later request can still be served them.
-        done = min(req.completed_frontier, req.num_tokens) // self.block_size
-        drop = [
-            held[g][released[g] : min(self._first_needed(g, first_query), len(held[g]), done)]
-            for g in range(self.num_groups)
-        ]
+        drop: list[list[KVBlock]] = [[] for _ in held]
+        if self.any_window:
+            done = min(req.completed_frontier, req.num_tokens) // self.block_size
+            drop = [
+                held[g][released[g] : min(self._first_needed(g, first_query), len(held[g]), done)]
+                for g in range(self.num_groups)
+            ]
         freed = sum(1 for group in drop for b in group if b.ref_cnt == 1)
         # Hit blocks that sit unused in the free queue leave it when we take them.
         revived = sum(1 for group in hits for b in group if b.ref_cnt == 0)

@@ -100,9 +100,10 @@ class Scheduler:
         """Sync: a running request always has exactly one known next token to feed."""
         return True
 
-    def _max_draft_slots(self, req: Request) -> int:
-        """Draft slots worth scheduling: never past max_tokens or max_model_len."""
-        return draft_slots(len(req.spec_token_ids), req.remaining_tokens())
+    def _room(self, req: Request) -> int:
+        """Tokens a running request may still produce (sync: exactly; the async scheduler's counts each
+        sampling step in flight as its one sure token)."""
+        return req.remaining_tokens()
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
@@ -209,9 +210,14 @@ class Scheduler:
 
     def _plan_drafts(self) -> dict[str, int]:
         """Drafts to verify per decoding request, as the speculation policy chooses (core/spec_policy.py)."""
-        decode = [(r, self._max_draft_slots(r) if r.spec_token_ids else 0) for r in self.running
-                  if r.num_tokens + r.num_output_placeholders - r.num_computed_tokens == 1
-                  and self._can_schedule_running(r)]
+        decode = []
+        for r in self.running:
+            if len(r.prompt_token_ids) + len(r.output_token_ids) + r.num_output_placeholders - r.num_computed_tokens != 1:
+                continue  # not at its logical end: a prefill chunk, no drafts
+            room = self._room(r)
+            if room > 0:  # (a request that cannot be scheduled this step, _can_schedule_running, has none)
+                # draft slots worth verifying: never past max_tokens or max_model_len
+                decode.append((r, draft_slots(len(r.spec_token_ids), room) if r.spec_token_ids else 0))
         return self.spec_policy.plan(decode)
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:

@@ -35,6 +35,8 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
+        # The ``tokenizers`` object's own decode (the ids here are already ints): a few calls per token.
+        self._decode = getattr(tokenizer, "backend", tokenizer).decode
         self._skip = skip_special_tokens
         self._ids: list[int] = [int(i) for i in prompt_ids]
         self.num_prompt_tokens = len(self._ids)
@@ -52,26 +54,24 @@ class IncrementalDetokenizer:
             self._pieces = ["".join(self._pieces)]
         return self._pieces[0] if self._pieces else ""
 
-    def _emit(self, force: bool) -> str:
-        decode, ids, skip = self._tokenizer.decode, self._ids, self._skip
-        prefix_text = decode(ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip)
-        new_text = decode(ids[self._prefix_offset :], skip_special_tokens=skip)
-        if len(new_text) <= len(prefix_text) or (new_text.endswith(_REPLACEMENT) and not force):
+    def add_tokens(self, ids: Iterable[int], *, _finish: bool = False) -> str:
+        """Append generated ids; return the text they complete (possibly ``""``)."""
+        before = len(self._ids)
+        self._ids.extend(int(i) for i in ids)
+        if len(self._ids) == before and not _finish:
+            return ""
+        decode, known, skip = self._decode, self._ids, self._skip
+        prefix_text = decode(known[self._prefix_offset : self._read_offset], skip_special_tokens=skip)
+        new_text = decode(known[self._prefix_offset :], skip_special_tokens=skip)
+        # an incomplete character (a byte-level piece still to come) is held back until the end
+        if len(new_text) <= len(prefix_text) or (new_text.endswith(_REPLACEMENT) and not _finish):
             return ""
         delta = new_text[len(prefix_text) :]
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         self._pieces.append(delta)
         return delta
 
-    def add_tokens(self, ids: Iterable[int]) -> str:
-        """Append generated ids; return the text they complete (possibly ``""``)."""
-        before = len(self._ids)
-        self._ids.extend(int(i) for i in ids)
-        if len(self._ids) == before:
-            return ""
-        return self._emit(force=False)
-
     def finish(self) -> str:
         """Emit any text still held back (a sequence that ended inside a character); call once
         the request is done so that ``text`` equals the full decode of the output."""
-        return self._emit(force=True)
+        return self.add_tokens((), _finish=True)

@@ -189,7 +189,7 @@ class LLM:
         """One engine step; returns the requests it changed (finished ones are then forgotten)."""
         changed = self._pump()
         for fr in changed:
-            if fr.finished:
+            if fr.finish_reason is not None:  # finished
                 self._out.pop(fr.req_id)
         return changed
 

@@ -121,7 +121,7 @@ class OutputProcessor:
         stopped: list[str] = []
         for out in outputs:
             fr = self.requests.get(out.req_id)
-            if fr is None or fr.finished:
+            if fr is None or fr.finish_reason is not None:  # (fr.finished, without a call per output)
                 continue
             if out.pooled is not None:
                 fr.pooled = out.pooled
@@ -148,7 +148,7 @@ class OutputProcessor:
                 fr.finish_reason = out.finish_reason
                 fr.stop_reason = out.stop_reason
                 fr.error = out.error
-            if fr.finished:
+            if fr.finish_reason is not None:
                 fr.metrics.finished_time = now
             fr.metrics.num_generation_tokens = len(fr.token_ids)
             changed.append(fr)

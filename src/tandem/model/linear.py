@@ -36,7 +36,7 @@ from torch import nn
 
 from tandem import overrides
 from tandem.model.block_quant import BlockQuantWeight
-from tandem.model.block_quant_linear import block_quant_linear
+from tandem.model.block_quant_linear import QUANT_FEW_ROWS, QUANT_FEW_ROWS_INTERLEAVED, block_quant_linear
 from tandem.model.quant import Int8Weight
 from tandem.native.quant_linear import quant_linear_kernel
 from tandem.native.small_linear import small_linear_kernel
@@ -135,6 +135,18 @@ def rule_block_quant(k: LinearKernels, x: Tensor, w: BlockQuantWeight, bias: Ten
     return block_quant_linear(x, w, bias, residual=res, native=k.quant is not None, kernel=k.quant)
 
 
+def rule_block_quant_rows(k: LinearKernels, x: Tensor, w: BlockQuantWeight, bias: Tensor | None,
+                          res: Tensor | None) -> Tensor | None:
+    """Few float32 rows (a decode's LM head, a draft head's products) straight into the native kernel on the
+    blocks, within :func:`block_quant_linear`'s row limits; anything else passes to :func:`rule_block_quant`."""
+    q = k.quant
+    if q is None or x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu" or not w.qtypes <= q.supported:
+        return None
+    if not 1 <= x.shape[0] <= min(QUANT_FEW_ROWS_INTERLEAVED if w.all_interleaved else QUANT_FEW_ROWS, q.max_rows):
+        return None
+    return q(x, w, None if bias is None else bias.contiguous(), None if res is None else res.contiguous())
+
+
 def rule_int8_reference(k: LinearKernels, x: Tensor, w: Int8Weight, bias: Tensor | None,
                         res: Tensor | None) -> Tensor:
     """The dequantized matrix."""
@@ -218,7 +230,7 @@ def rule_native_rows(k: LinearKernels, x: Tensor, w: Tensor, bias: Tensor | None
     kern = k.kernel
     if kern is None or x.dim() != 2 or not 1 <= x.shape[0] <= kern.max_rows:
         return None
-    if not kern.accepts(x.dtype, w.dtype) or x.device.type != "cpu" or w.device.type != "cpu":
+    if (x.dtype, w.dtype) not in kern.pairs or x.device.type != "cpu" or w.device.type != "cpu":
         return None
     if w.requires_grad or x.requires_grad or not w.is_contiguous():
         return None
@@ -255,9 +267,9 @@ def rule_bf16_widened(k: LinearKernels, x: Tensor, w: Tensor, bias: Tensor | Non
 
 
 # -- formulations --------------------------------------------------------------------------------------
-def _formulation(name: str, block_quant: Rule, int8: Sequence[Rule], plain: Sequence[Rule],
+def _formulation(name: str, block_quant: Sequence[Rule], int8: Sequence[Rule], plain: Sequence[Rule],
                  mixed_bf16: bool = False) -> Callable[[], LinearKernels]:
-    rules = {BlockQuantWeight: (block_quant,), Int8Weight: tuple(int8), Tensor: (*plain, rule_reference)}
+    rules = {BlockQuantWeight: tuple(block_quant), Int8Weight: tuple(int8), Tensor: (*plain, rule_reference)}
     rules[nn.Parameter] = rules[Tensor]
 
     def make() -> LinearKernels:
@@ -269,14 +281,15 @@ def _formulation(name: str, block_quant: Rule, int8: Sequence[Rule], plain: Sequ
 
 LINEAR_KERNELS: Mapping[str, Callable[[], LinearKernels]] = MappingProxyType({
     # The reference.
-    "torch": _formulation("torch", rule_block_quant_reference, [rule_int8_reference], []),
+    "torch": _formulation("torch", [rule_block_quant_reference], [rule_int8_reference], []),
     # Shape-aware formulations for few rows of low-precision inputs.
-    "cpu": _formulation("cpu", rule_block_quant, [rule_int8_reference], [rule_cpu_shapes]),
+    "cpu": _formulation("cpu", [rule_block_quant_rows, rule_block_quant], [rule_int8_reference], [rule_cpu_shapes]),
     # oneDNN's packed weights first.
-    "onednn": _formulation("onednn", rule_block_quant, [rule_int8_reference], [rule_onednn, rule_cpu_shapes]),
+    "onednn": _formulation("onednn", [rule_block_quant_rows, rule_block_quant], [rule_int8_reference],
+                           [rule_onednn, rule_cpu_shapes]),
     # The native few-row kernel first (the CPU default where it builds).
     "native": _formulation(
-        "native", rule_block_quant, [rule_int8_native, rule_int8_reference],
+        "native", [rule_block_quant_rows, rule_block_quant], [rule_int8_native, rule_int8_reference],
         [rule_native_rows, rule_mixed_widened, rule_bf16_widened, rule_onednn, rule_cpu_shapes], mixed_bf16=True,
     ),
 })

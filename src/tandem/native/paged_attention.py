@@ -8,7 +8,7 @@ index it reads from the tables to the tensors' bounds.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -40,10 +40,7 @@ class PagedAttentionIndices:
     num_rows: int  # T, the query rows of the forward
     window: int = 0  # a sliding window (each query sees its last ``window`` positions); 0 = none
     tree_masks: torch.Tensor | None = None  # [T] int64 (ForwardBatch.tree_masks); None = causal
-    num_reqs: int = field(init=False)  # the batch rows to attend (``req``'s length)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "num_reqs", int(self.req.shape[0]))
+    num_reqs: int = 0  # the batch rows to attend (``req``'s length; set by ``PagedAttentionKernel.indices``)
 
 
 class PagedAttentionKernel:
@@ -109,7 +106,8 @@ class PagedAttentionKernel:
             if req.shape[0] and int(q_len.max()) > 64:
                 raise ValueError("paged attention kernel: a tree step takes at most 64 query rows a request")
             tree_masks = tree_masks.contiguous()
-        return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows, window, tree_masks)
+        return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows, window, tree_masks,
+                                     int(req.shape[0]))
 
     def __call__(
         self,

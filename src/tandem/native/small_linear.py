@@ -35,13 +35,10 @@ def check_dense(t: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, what:
 
 class SmallLinearKernel:
     """``y = x @ w^T (+ bias) (+ residual)`` for 1 .. :attr:`max_rows` rows; float32 or bf16, or float32
-    inputs with a bf16 weight, or an int8 one with ``scale`` (:meth:`accepts`)."""
+    inputs with a bf16 weight, or an int8 one with ``scale`` (:attr:`pairs`)."""
 
-    @staticmethod
-    def accepts(x_dtype: torch.dtype, w_dtype: torch.dtype) -> bool:
-        if x_dtype not in DTYPES:
-            return False
-        return w_dtype == x_dtype or (x_dtype == torch.float32 and w_dtype in (torch.bfloat16, torch.int8))
+    # (input dtype, weight dtype) pairs the kernel takes
+    pairs = frozenset({*((d, d) for d in DTYPES), (torch.float32, torch.bfloat16), (torch.float32, torch.int8)})
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         if lib.tandem_small_linear_abi() != _ABI:
@@ -63,7 +60,7 @@ class SmallLinearKernel:
         """``scale`` [out] float32: an int8 weight's per-feature scales (required with one, else None)."""
         rows, (out, inp) = x.shape[0], weight.shape
         dtype = x.dtype
-        if not self.accepts(dtype, weight.dtype) or x.dim() != 2 or x.shape[1] != inp:
+        if (dtype, weight.dtype) not in self.pairs or x.dim() != 2 or x.shape[1] != inp:
             raise ValueError(f"small linear: x {x.dtype} {tuple(x.shape)}, weight {weight.dtype} {(out, inp)}")
         if (weight.dtype == torch.int8) != (scale is not None):
             raise ValueError("small linear: an int8 weight needs its scale, and only an int8 weight takes one")

@@ -234,17 +234,19 @@ class RejectionSampler:
             # ids (no [B, K+1, V] distributions; the same decisions, checked in the tests).
             target_ids = self.sampler.greedy_token_ids(logits, meta)[index]
             out = greedy_verify(target_ids, drafts)
-            return RejectionOutput(out, self._logprobs(logits, meta, num_draft_tokens, out))
-        target_probs = self.sampler.compute_probs(logits, meta)[index]  # [B, K+1, V]
-        greedy = [meta.is_greedy[s] for s in starts]
-        generators = [
-            None if g else make_generator(meta.generator_keys[s], device)
-            for g, s in zip(greedy, starts)
-        ]
-        greedy_mask = to_device(greedy, torch.bool, device)
-        out = _rejection_sample(
-            target_probs, drafts, draft_probs, generators, greedy_mask, any_random=not all(greedy)
-        )
+        else:
+            target_probs = self.sampler.compute_probs(logits, meta)[index]  # [B, K+1, V]
+            greedy = [meta.is_greedy[s] for s in starts]
+            generators = [
+                None if g else make_generator(meta.generator_keys[s], device)
+                for g, s in zip(greedy, starts)
+            ]
+            greedy_mask = to_device(greedy, torch.bool, device)
+            out = _rejection_sample(
+                target_probs, drafts, draft_probs, generators, greedy_mask, any_random=not all(greedy)
+            )
+        if meta.max_num_logprobs is None:
+            return RejectionOutput(out, None)
         return RejectionOutput(out, self._logprobs(logits, meta, num_draft_tokens, out))
 
     @staticmethod
@@ -253,9 +255,8 @@ class RejectionSampler:
         meta: SamplingMetadata,
         num_draft_tokens: Sequence[int],
         out: torch.Tensor,
-    ) -> LogprobsTensors | None:
-        if meta.max_num_logprobs is None:
-            return None
+    ) -> LogprobsTensors:
+        assert meta.max_num_logprobs is not None
         device = logits.device
         request_of_row = [b for b, n in enumerate(num_draft_tokens) for _ in range(n + 1)]
         slot_of_row = [j for n in num_draft_tokens for j in range(n + 1)]

@@ -110,7 +110,10 @@ class Sampler:
         """[N] the argmax of every row's processed logits: the token :meth:`forward` returns for a
         greedy row (the one-hot :meth:`compute_probs` gives it)."""
         _check(logits, meta)
-        return argmax_last(self.processed_logits(logits.float(), meta))
+        logits = logits.float()
+        plain = (meta.no_penalties and meta.allowed is None and meta.logit_bias is None
+                 and meta.min_tokens_ban is None and meta.bad_words_ban is None)
+        return argmax_last(logits if plain else self.processed_logits(logits, meta))
 
     @staticmethod
     def processed_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -214,10 +214,12 @@ class DraftHeadProposer(Proposer):
 
     def _head(self, ids: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, metadata: Any) -> torch.Tensor:
         """The head's output for these rows: the native layer where it applies, else the torch one."""
-        if self.native is not None and self.native.applies(metadata, ids.shape[0]):
-            residual, attn_in = self.head.layer_input(ids, feat)
-            return self.native(residual, attn_in, positions, metadata)
-        return self.head(ids, feat, positions, self._attend(metadata))
+        residual, attn_in = self.head.layer_input(ids, feat)
+        if self.native is not None:
+            out = self.native(residual, attn_in, positions, metadata)  # None where it does not apply
+            if out is not None:
+                return out
+        return self.head.layer(residual, attn_in, positions, self._attend(metadata))
 
     def _segments(self, inp: ProposeInput) -> tuple[list[int], list[int]]:
         """Device-state slot of every request (segment) of the target batch, and the segment of each

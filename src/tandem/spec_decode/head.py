@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.model.block_quant import embedding
+from tandem.model.block_quant import BlockQuantWeight, embedding
 from tandem.model.linear import LinearKernels, create_linear_kernels
 from tandem.model.quant import Int8Weight
 from tandem.model.rope import (
@@ -112,6 +112,8 @@ class DraftHead(nn.Module):
         self.optional = nn.ParameterDict(
             {n.replace(".", "_"): p(tensors[n]) for n in _OPTIONAL_VECTORS if n in tensors}
         )
+        # The same parameters by canonical name (None where the checkpoint has none): one dict lookup a step.
+        self.vectors: dict[str, nn.Parameter | None] = {n: self._opt(n) for n in _OPTIONAL_VECTORS}
         # Shared tensors are attributes, not parameters: never trained, saved or copied by the head.
         self.embed = embed
         self.lm_head = lm_head
@@ -122,7 +124,7 @@ class DraftHead(nn.Module):
             "rope_table", rotation_table(inv, cfg.max_position_embeddings).to(device), persistent=False
         )
 
-    def _opt(self, name: str) -> torch.Tensor | None:
+    def _opt(self, name: str) -> nn.Parameter | None:
         key = name.replace(".", "_")
         return self.optional[key] if key in self.optional else None
 
@@ -172,19 +174,23 @@ class DraftHead(nn.Module):
         """The decoder layer's residual stream ``[N, H]`` and its (normed) attention input ``[N, H or
         2H]``: the method's fusion of the tokens' embeddings and the features (table above)."""
         method, mm = self.cfg.method, self.linear
-        emb = embedding(ids, self.embed, self._dtype, kernel=self.linear.quant)
+        quant = self.linear.quant
+        if quant is not None and isinstance(self.embed, BlockQuantWeight):  # the target's blocks (gguf)
+            emb = quant.rows(self.embed, ids).to(self._dtype)
+        else:
+            emb = embedding(ids, self.embed, self._dtype, kernel=quant)
         if method == "eagle":
-            residual = mm.linear(torch.cat([emb, feat], dim=-1), self.fc, self._opt("fc.bias"))
-            w = self._opt("input_layernorm.weight")
+            residual = mm.linear(torch.cat([emb, feat], dim=-1), self.fc, self.vectors["fc.bias"])
+            w = self.vectors["input_layernorm.weight"]
             attn_in = residual if w is None else self._rms(residual, w)
         elif method == "mtp":
-            fused = torch.cat([self._rms(emb, self._opt("enorm.weight")), self._rms(feat, self._opt("hnorm.weight"))], -1)  # type: ignore[arg-type]
+            fused = torch.cat([self._rms(emb, self.vectors["enorm.weight"]), self._rms(feat, self.vectors["hnorm.weight"])], -1)  # type: ignore[arg-type]
             residual = mm.linear(fused, self.fc)
-            attn_in = self._rms(residual, self._opt("input_layernorm.weight"))  # type: ignore[arg-type]
+            attn_in = self._rms(residual, self.vectors["input_layernorm.weight"])  # type: ignore[arg-type]
         else:
             residual = feat
             attn_in = torch.cat(
-                [self._rms(emb, self._opt("input_layernorm.weight")), self._rms(feat, self._opt("hidden_norm.weight"))],  # type: ignore[arg-type]
+                [self._rms(emb, self.vectors["input_layernorm.weight"]), self._rms(feat, self.vectors["hidden_norm.weight"])],  # type: ignore[arg-type]
                 dim=-1,
             )
         return residual, attn_in
@@ -213,8 +219,8 @@ class DraftHead(nn.Module):
         return self.linear.linear(self.head_input(h), self.lm_head)
 
     def draft_tokens(self, h: torch.Tensor) -> torch.Tensor:
-        """Greedy drafts as target token ids ``[N]``."""
-        best = argmax_last(self.logits(h))
+        """Greedy drafts as target token ids ``[N]``: the argmax of :meth:`logits`."""
+        best = argmax_last(self.linear.linear(h if self.norm is None else self._rms(h, self.norm), self.lm_head))
         return best if self.draft_map is None else self.draft_map[best]
 
     # -- back to the checkpoint layout -----------------------------------------------------------------

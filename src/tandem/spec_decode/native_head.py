@@ -86,16 +86,14 @@ class NativeHeadLayer:
         kernel = decode_forward_kernel()
         return None if kernel is None else cls(head, kv_cache, kernel)
 
-    def applies(self, metadata: Any, rows: int) -> bool:
-        """A short step the native kernels take: the CPU paged backend, short queries only, 1 .. max rows."""
-        return (isinstance(metadata, PagedCpuMetadata) and not metadata.long_queries and metadata.short is not None
-                and 1 <= rows <= self.max_rows)
-
     def __call__(
-        self, residual: torch.Tensor, attn_in: torch.Tensor, positions: torch.Tensor, metadata: PagedCpuMetadata
-    ) -> torch.Tensor:
-        """The layer's output ``[N, H]`` (a new tensor; ``residual`` is not modified)."""
-        assert metadata.short is not None
+        self, residual: torch.Tensor, attn_in: torch.Tensor, positions: torch.Tensor, metadata: Any
+    ) -> torch.Tensor | None:
+        """The layer's output ``[N, H]`` (a new tensor; ``residual`` is not modified), or ``None`` for a step
+        the native kernels do not take (they take the CPU paged backend's short queries, 1 .. max rows)."""
+        if not (isinstance(metadata, PagedCpuMetadata) and not metadata.long_queries and metadata.short is not None
+                and 1 <= residual.shape[0] <= self.max_rows):
+            return None
         x = residual.clone(memory_format=torch.contiguous_format)
         rot = self.rot_table.index_select(0, positions)
         self.kernel.head_layer(

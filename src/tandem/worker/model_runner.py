@@ -190,26 +190,20 @@ class ModelRunner:
             return pending
 
     # -- sampling ----------------------------------------------------------------------------------------
-    def _verified_drafts(self, plans: list[RequestPlan]) -> list[list[int]]:
-        """Per request: the drafts really verified this step (the valid prefix of its slots, within limits)."""
-        out = []
-        for p in plans:
-            if not p.num_slots:
-                out.append([])
-                continue
-            drafts = p.host_drafts if p.host_drafts is not None else p.state.drafts
-            drafts = list(drafts[: p.num_slots])
-            valid = 0
-            while valid < len(drafts) and drafts[valid] >= 0:
-                valid += 1
-            out.append(drafts[: min(valid, p.state.max_drafts(self.k, self.max_model_len))])
-        return out
-
     def _sample(
         self, step: StepInputs, plans: list[RequestPlan], logits: torch.Tensor
     ) -> tuple[torch.Tensor, LogprobsTensors | None, list[int], list[int]]:
         """Sampled ids [B, K+1], logprobs, verified drafts and grammar-cut drafts per request."""
-        drafts_of = self._verified_drafts(plans) if self.k else [[] for _ in plans]
+        # Per request: the drafts really verified this step, the valid prefix of its slots. Every proposer
+        # already stops at the request's limits (``ProposeInput.max_drafts``, exact when it drafts: the tokens
+        # of the step it drafts after are committed), so the prefix needs no second cap here.
+        drafts_of: list[list[int]] = []
+        for p in plans:
+            drafts = [] if not p.num_slots else p.host_drafts if p.host_drafts is not None else p.state.drafts
+            valid = 0
+            while valid < p.num_slots and valid < len(drafts) and drafts[valid] >= 0:
+                valid += 1
+            drafts_of.append(list(drafts[:valid]))
         masks = None
         structured = self.structured
         if structured is not None and structured.grammars:
@@ -338,6 +332,13 @@ class ModelRunner:
                 drafts = torch.full((len(plans), self.k), -1, dtype=torch.int64, device=self.device)
                 self.batch.set_drafts(slots, drafts)  # no drafts this time; a drafter's KV catches up later
                 return drafts, False
+            # Exact per-request draft cap on the device: never past max_tokens, max_model_len or ``k_step``.
+            n_tokens = self.batch.num_tokens.index_select(0, slots)
+            prompt = torch.tensor([p.state.num_prompt_tokens for p in plans], device=self.device)
+            max_tok = torch.tensor([p.state.sampling_params.max_tokens or UNBOUNDED for p in plans],
+                                   device=self.device)
+            left = remaining_tokens(n_tokens, prompt, max_tok, self.max_model_len, minimum=torch.minimum)
+            max_drafts = (left - 1).clamp(min=0, max=k_step)
             hidden = {-1: fwd.hidden_states}  # type: ignore[attr-defined]
             for layer, h in zip(self.proposer.aux_hidden_layers, fwd.aux_hidden_states):  # type: ignore[attr-defined]
                 hidden[layer] = h
@@ -346,7 +347,7 @@ class ModelRunner:
                 slots=slots,
                 input_batch=self.batch,
                 sampled=sampled,
-                max_drafts=self._max_drafts(plans, slots, k_step),
+                max_drafts=max_drafts,
                 num_drafts=k_step,
                 batch=step.batch,
                 hidden_states=hidden,
@@ -359,11 +360,3 @@ class ModelRunner:
             assert isinstance(drafts, torch.Tensor)
             self.batch.set_drafts(slots, drafts)
         return drafts, inp.tokens_applied
-
-    def _max_drafts(self, plans: list[RequestPlan], slots: torch.Tensor, k_step: int) -> torch.Tensor:
-        """Exact per-request draft cap on the device: never past max_tokens, max_model_len or ``k_step``."""
-        n_tokens = self.batch.num_tokens.index_select(0, slots)
-        prompt = torch.tensor([p.state.num_prompt_tokens for p in plans], device=self.device)
-        max_tok = torch.tensor([p.state.sampling_params.max_tokens or UNBOUNDED for p in plans], device=self.device)
-        left = remaining_tokens(n_tokens, prompt, max_tok, self.max_model_len, minimum=torch.minimum)
-        return (left - 1).clamp(min=0, max=k_step)

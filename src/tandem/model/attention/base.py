@@ -48,10 +48,9 @@ class AttentionBackend(ABC):
         """Write ``k``/``v`` into the caches, then return attention output ``[T, num_heads, head_dim]``."""
 
 
-def refuse_windowed_trees(batch: ForwardBatch, window: int) -> None:
-    """Tree steps follow slots, not positions, so a sliding window would cut at the wrong key: refused."""
-    if window and batch.tree_masks is not None:
-        raise ValueError("tree steps (tree_masks) are not supported on sliding-window layers")
+# Tree steps follow slots, not positions, so a sliding window would cut at the wrong key: every backend's
+# ``build_metadata`` raises this when a windowed layer gets ``tree_masks``.
+WINDOWED_TREES = "tree steps (tree_masks) are not supported on sliding-window layers"
 
 
 def tree_visible(bits: torch.Tensor, back: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 
 from tandem.model.attention.base import (
     AttentionBackend,
-    refuse_windowed_trees,
+    WINDOWED_TREES,
     slots_for_positions,
     tree_visible,
     write_kv,
@@ -42,7 +42,8 @@ class NaiveBackend(AttentionBackend):
 
     def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> NaiveMetadata:
         device = batch.block_tables.device
-        refuse_windowed_trees(batch, window)
+        if window and batch.tree_masks is not None:
+            raise ValueError(WINDOWED_TREES)
         # The reference backend needs exact lengths on the host: a sync when they live on the device.
         lens = batch.seq_lens if batch.seq_lens_dev is None else batch.seq_lens_dev.tolist()
         requests = []

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.model.attention.base import refuse_windowed_trees, write_kv
+from tandem.model.attention.base import WINDOWED_TREES, write_kv
 from tandem.model.attention.sdpa import LongQuery, SdpaBackend, _attend_long
 from tandem.model.forward_batch import ForwardBatch
 from tandem.native.paged_attention import (
@@ -66,7 +66,8 @@ class PagedCpuBackend(SdpaBackend):
         if batch.block_tables.device.type != "cpu" or kernel is None:
             return super().build_metadata(batch, block_size, window)
         qsl = batch.query_start_loc
-        refuse_windowed_trees(batch, window)
+        if window and batch.tree_masks is not None:
+            raise ValueError(WINDOWED_TREES)
         short: list[int] = []
         longs: list[LongQuery] = []
         for i in range(batch.num_reqs):

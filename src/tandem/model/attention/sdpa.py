@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from tandem.model.attention.base import (
     AttentionBackend,
-    refuse_windowed_trees,
+    WINDOWED_TREES,
     slots_for_positions,
     tree_visible,
     write_kv,
@@ -74,7 +74,8 @@ class SdpaBackend(AttentionBackend):
 
     def build_metadata(self, batch: ForwardBatch, block_size: int, window: int = 0) -> SdpaMetadata:
         qsl = batch.query_start_loc
-        refuse_windowed_trees(batch, window)
+        if window and batch.tree_masks is not None:
+            raise ValueError(WINDOWED_TREES)
         decode: list[int] = []
         short: list[int] = []
         long_: list[int] = []
