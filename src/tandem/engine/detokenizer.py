@@ -35,8 +35,10 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
-        # The ``tokenizers`` object's own decode (the ids here are already ints): a few calls per token.
-        self._decode = getattr(tokenizer, "backend", tokenizer).decode
+        # The ``tokenizers`` object's own decode where ``Tokenizer.decode`` would only convert the ids, which are
+        # already ints here (a few calls per token); a tokenizer with a decode of its own keeps it.
+        plain = type(tokenizer).decode is Tokenizer.decode
+        self._decode = tokenizer.backend.decode if plain else tokenizer.decode
         self._skip = skip_special_tokens
         self._ids: list[int] = [int(i) for i in prompt_ids]
         self.num_prompt_tokens = len(self._ids)
