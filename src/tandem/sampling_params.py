@@ -246,6 +246,14 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
         )
 
+    @property
+    def tree_verifiable(self) -> bool:
+        """Whether a draft tree's rows can be verified together: each row samples the same way whatever path
+        leads to it (no penalties, logit bias, allowed ids, min_tokens, bad words, grammar) and no per-token
+        logprobs are asked for. A request that is not gets no drafts in an engine that drafts trees."""
+        return not (self.has_penalties or self.logit_bias or self.allowed_token_ids is not None or self.min_tokens
+                    or self.bad_words or self.structured_outputs is not None or self.logprobs is not None)
+
     def clone(self, **overrides: Any) -> SamplingParams:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(overrides)

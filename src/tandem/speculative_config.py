@@ -24,6 +24,37 @@ def positive(name: str, value: Any, *, allow_none: bool = False) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+TREE_METHODS = ("eagle", "eagle3", "mtp")
+MAX_TREE_ROWS = 63  # verified nodes, and draft-head rows, a request (a tree step's mask has 64 bits)
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """``speculative_config.tree``: draft trees instead of chains (EAGLE-2's dynamic trees, methods eagle,
+    eagle3 and mtp). ``top_k`` children of every expanded node, ``top_k`` nodes expanded a level, the
+    ``max_nodes`` most probable verified; the depth is ``num_speculative_tokens``."""
+
+    top_k: int
+    max_nodes: int
+
+    def created(self, depth: int) -> int:
+        """Nodes a tree of this depth creates (``top_k`` on level 1, ``top_k**2`` on each later one)."""
+        return self.top_k + (depth - 1) * self.top_k * self.top_k
+
+    def check(self, depth: int) -> None:
+        positive("speculative_config.tree.top_k", self.top_k)
+        positive("speculative_config.tree.max_nodes", self.max_nodes)
+        if self.max_nodes > self.created(depth):
+            raise ValueError(f"speculative_config.tree.max_nodes {self.max_nodes}: a tree of top_k {self.top_k} and "
+                             f"depth {depth} (num_speculative_tokens) creates only {self.created(depth)} nodes")
+        if self.max_nodes < depth:
+            raise ValueError(f"speculative_config.tree.max_nodes {self.max_nodes} must be at least the depth, "
+                             f"num_speculative_tokens {depth}")
+        if self.max_nodes > MAX_TREE_ROWS or (depth - 1) * self.top_k > MAX_TREE_ROWS:
+            raise ValueError(f"speculative_config.tree: at most {MAX_TREE_ROWS} verified nodes and draft-head rows "
+                             f"a request (max_nodes {self.max_nodes}, head rows {(depth - 1) * self.top_k})")
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """vLLM's ``speculative_config`` keys."""
@@ -50,6 +81,8 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = 256
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+    # Draft trees (methods eagle, eagle3, mtp): ``{"top_k": ..., "max_nodes": ...}``; None: a chain of drafts.
+    tree: TreeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.method not in _SPEC_METHODS:
@@ -84,6 +117,13 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config.suffix_decoding_min_token_prob must be in [0, 1], got {p!r}")
         if self.policy not in SPEC_POLICIES:
             raise ValueError(f"speculative_config.policy must be one of {SPEC_POLICIES}, got {self.policy!r}")
+        if self.tree is not None:
+            if not isinstance(self.tree, TreeConfig):
+                raise ValueError(f"speculative_config.tree must be {{'top_k': ..., 'max_nodes': ...}}, got {self.tree!r}")
+            if self.method not in TREE_METHODS:
+                raise ValueError(f"speculative_config.tree: draft trees need a draft head (methods {TREE_METHODS}), "
+                                 f"not {self.method!r}")
+            self.tree.check(k)
         if self.draft_dtype is not None and self.draft_dtype not in _DRAFT_DTYPES:
             raise ValueError(f"speculative_config.draft_dtype must be one of {_DRAFT_DTYPES}")
         if self.draft_dtype == "int8" and self.method not in ("eagle", "eagle3", "mtp"):
@@ -121,9 +161,15 @@ class SpeculativeConfig:
         if "method" not in value or "num_speculative_tokens" not in value:
             raise ValueError("speculative_config needs 'method' and 'num_speculative_tokens'")
         kwargs = dict(value)
+        tree = kwargs.get("tree")
+        if isinstance(tree, dict):
+            extra = sorted(set(tree) - {"top_k", "max_nodes"})
+            if extra or not {"top_k", "max_nodes"} <= set(tree):
+                raise ValueError(f"speculative_config.tree needs exactly 'top_k' and 'max_nodes', got {sorted(tree)}")
+            kwargs["tree"] = TreeConfig(tree["top_k"], tree["max_nodes"])
         if kwargs.get("eagle3_layer_ids") is not None:
             kwargs["eagle3_layer_ids"] = tuple(kwargs["eagle3_layer_ids"])
         return cls(**kwargs)
 
 
-__all__ = ["MAX_SPECULATIVE_TOKENS", "SpeculativeConfig", "positive"]
+__all__ = ["MAX_SPECULATIVE_TOKENS", "SpeculativeConfig", "TreeConfig", "positive"]

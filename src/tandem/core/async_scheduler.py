@@ -13,7 +13,6 @@ What changes with async (docs/SEMANTICS.md §3):
 
 from __future__ import annotations
 
-from tandem.core.interface import SchedulerOutput
 from tandem.core.limits import remaining_tokens
 from tandem.core.request import Request
 from tandem.core.scheduler import Scheduler
@@ -33,12 +32,3 @@ class AsyncScheduler(Scheduler):
         return self._guaranteed_remaining(req) > 0
 
     _room = _guaranteed_remaining  # type: ignore[assignment]
-
-    def _update_after_schedule(self, out: SchedulerOutput) -> None:
-        super()._update_after_schedule(out)
-        if not self.num_spec_tokens:
-            return
-        k = self.num_spec_tokens if out.num_drafts_to_propose is None else out.num_drafts_to_propose
-        for rid in out.sampling_req_ids:
-            # The runner proposes k drafts during this step; their values stay on the device.
-            self.requests[rid].spec_token_ids = [-1] * k

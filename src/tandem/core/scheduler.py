@@ -52,6 +52,7 @@ class Scheduler:
         kv_group_windows: tuple[int, ...] = (0,),
         enable_chunked_prefill: bool = True,
         spec_policy: FixedPolicy | None = None,
+        tree_nodes: int = 0,
     ) -> None:
         self.kv = KVCacheManager(num_kv_blocks, block_size, enable_prefix_caching, kv_group_windows,
                                  lookback=num_speculative_tokens + 1)
@@ -63,6 +64,13 @@ class Scheduler:
         self.num_spec_tokens = num_speculative_tokens
         self.spec_policy = spec_policy or FixedPolicy(num_speculative_tokens)
         self.num_lookahead_tokens = num_lookahead_tokens
+        # Draft trees (speculative_config.tree): a verify of k > 0 drafts feeds the tree's ``tree_nodes`` nodes
+        # (rows beyond the k the ledgers count: the KV lookahead holds them, the token budget pays for them);
+        # the drafts stay on the device in sync scheduling too (placeholders, as in async).
+        self.tree_nodes = tree_nodes
+        if tree_nodes and num_lookahead_tokens < tree_nodes:
+            raise ValueError(f"num_lookahead_tokens {num_lookahead_tokens}: a tree of {tree_nodes} nodes needs "
+                             "at least that many")
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -143,7 +151,7 @@ class Scheduler:
             num_scheduled[req.request_id] = n_new
             if n_spec:
                 spec_tokens[req.request_id] = req.spec_token_ids[:n_spec]
-            budget -= n_new
+            budget -= n_new + (self.tree_nodes - n_spec if n_spec and self.tree_nodes else 0)
             i += 1
 
         while self.waiting and budget > 0 and not preempted_now:
@@ -217,7 +225,11 @@ class Scheduler:
             room = self._room(r)
             if room > 0:  # (a request that cannot be scheduled this step, _can_schedule_running, has none)
                 # draft slots worth verifying: never past max_tokens or max_model_len
-                decode.append((r, draft_slots(len(r.spec_token_ids), room) if r.spec_token_ids else 0))
+                slots = draft_slots(len(r.spec_token_ids), room) if r.spec_token_ids else 0
+                if self.tree_nodes and slots and (not r.sampling_params.tree_verifiable
+                                                  or r.num_computed_tokens + 1 + self.tree_nodes > self.max_model_len):
+                    slots = 0  # its rows need their own histories, or the tree's rows would pass the context
+                decode.append((r, slots))
         return self.spec_policy.plan(decode)
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
@@ -239,6 +251,12 @@ class Scheduler:
             req.num_output_placeholders += step.num_placeholders
             if req.spec_token_ids:
                 req.spec_token_ids = []
+        if self.num_spec_tokens and (self.is_async or self.tree_nodes):
+            # The runner proposes k drafts during this step; their values stay on the device (async: the host
+            # sees them after the next step is scheduled; trees: a tree is not a list of ids).
+            k = self.num_spec_tokens if out.num_drafts_to_propose is None else out.num_drafts_to_propose
+            for rid in sampling:
+                requests[rid].spec_token_ids = [-1] * k
 
     # -- preemption, abort, finish -----------------------------------------------------------------------
     def _preempt(self, req: Request) -> None:

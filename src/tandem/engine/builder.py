@@ -303,6 +303,9 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
     lookahead = 0
     if config.speculative is not None and get_proposer_class(config.speculative.method).needs_lookahead_slots:
         lookahead = k
+    tree = config.speculative.tree if config.speculative is not None else None
+    if tree is not None:  # a verify's nodes, and the head's rows of the next tree, past the counted tokens
+        lookahead = max(k, tree.max_nodes, (k - 1) * tree.top_k)
     scheduler_cls = AsyncScheduler if plan.decision.resolved else Scheduler
     scheduler = scheduler_cls(
         max_num_seqs=config.scheduler.max_num_seqs,
@@ -315,6 +318,7 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         enable_prefix_caching=config.cache.enable_prefix_caching and not config.model.pooling,
         num_speculative_tokens=k,
         num_lookahead_tokens=lookahead,
+        tree_nodes=tree.max_nodes if tree is not None else 0,
         kv_group_windows=tuple(w for w, _ in kv_cache_groups(plan.args.layer_windows, plan.args.num_hidden_layers)),
         spec_policy=(make_policy(config.speculative.policy, k, config.speculative.method)
                      if config.speculative else None),

@@ -59,10 +59,12 @@ def tree_depths(parent: torch.Tensor) -> torch.Tensor:
     return depth[:, 1:]
 
 
-def greedy_tree_verify(target_ids: torch.Tensor, draft_token_ids: torch.Tensor, parent: torch.Tensor) -> TreeVerdict:
-    """The greedy rule on ids alone: ``target_ids`` ``[B, N + 1]`` = argmax p_n of every row."""
+def greedy_tree_verify(target_ids: torch.Tensor, draft_token_ids: torch.Tensor, parent: torch.Tensor,
+                       max_depth: int | None = None) -> TreeVerdict:
+    """The greedy rule on ids alone: ``target_ids`` ``[B, N + 1]`` = argmax p_n of every row. ``max_depth``: the
+    trees' depth bound when the caller knows it (the verdict's width; else measured, a read of the device)."""
     return _walk(target_ids, None, draft_token_ids, parent, None, torch.ones(target_ids.shape[0], dtype=torch.bool,
-                                                                            device=target_ids.device))
+                                                                            device=target_ids.device), max_depth)
 
 
 def tree_rejection_sample(
@@ -71,6 +73,7 @@ def tree_rejection_sample(
     parent: torch.Tensor,
     generators: Sequence[torch.Generator | None] | None,
     greedy_mask: torch.Tensor,
+    max_depth: int | None = None,
 ) -> TreeVerdict:
     """Verify draft trees against the target.
 
@@ -79,7 +82,7 @@ def tree_rejection_sample(
     ``generators`` one per row or None (the default generator), ``greedy_mask`` ``[B]`` bool."""
     if target_probs.dim() != 3:
         raise ValueError(f"target_probs must be [B, N+1, V], got shape {tuple(target_probs.shape)}")
-    return _walk(argmax_last(target_probs), target_probs, draft_token_ids, parent, generators, greedy_mask)
+    return _walk(argmax_last(target_probs), target_probs, draft_token_ids, parent, generators, greedy_mask, max_depth)
 
 
 def _check(target_ids: torch.Tensor, d: torch.Tensor, parent: torch.Tensor, gens: object, greedy: torch.Tensor) -> None:
@@ -102,13 +105,14 @@ def _walk(
     parent: torch.Tensor,
     generators: Sequence[torch.Generator | None] | None,
     greedy_mask: torch.Tensor,
+    max_depth: int | None = None,
 ) -> TreeVerdict:
     _check(target_ids, d, parent, generators, greedy_mask)
     batch, n = d.shape
     device = d.device
     rows = torch.arange(batch, device=device)
-    depth = tree_depths(parent)
-    max_depth = int(depth.max()) if n else 0
+    if max_depth is None:
+        max_depth = int(tree_depths(parent).max()) if n else 0
     cur = torch.zeros(batch, dtype=torch.int64, device=device)  # the current node (0: the root)
     num = torch.zeros(batch, dtype=torch.int64, device=device)  # accepted so far
     path = torch.full((batch, max_depth + 1), PLACEHOLDER, dtype=torch.int64, device=device)

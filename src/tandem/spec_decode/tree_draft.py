@@ -132,10 +132,10 @@ class TreeDrafter:
         self.proposer, self.shape = proposer, shape
 
     def draft(self, h_root: torch.Tensor, tables: torch.Tensor, base: torch.Tensor, root_pos: torch.Tensor,
-              upper: list[int]) -> DraftTree:
+              upper: list[int], limit: int | None = None) -> DraftTree:
         """The trees of requests whose last accepted rows' head outputs are ``h_root`` ``[B, H]``; the rest as
         :meth:`head_step` takes them."""
-        step = self.head_step(tables, base, root_pos, upper)
+        step = self.head_step(tables, base, root_pos, upper, limit)
         return expand_tree(h_root, self.log_probs, self.to_target, step, self.shape)
 
     def log_probs(self, h: torch.Tensor) -> torch.Tensor:
@@ -147,11 +147,14 @@ class TreeDrafter:
         dmap = self.proposer.head.draft_map
         return ids if dmap is None else dmap[ids]
 
-    def head_step(self, tables: torch.Tensor, base: torch.Tensor, root_pos: torch.Tensor, upper: list[int]) -> HeadStep:
+    def head_step(self, tables: torch.Tensor, base: torch.Tensor, root_pos: torch.Tensor, upper: list[int],
+                  limit: int | None = None) -> HeadStep:
         """One tree level's head rows for requests with block tables ``tables`` ``[B, W]``: expansion slot s
         of request b is written at key index ``base[b] + s``, a node at depth d takes position
         ``root_pos[b] + d - 1`` (the row whose next token is the node), and sees the context before
-        ``base[b]`` and its ancestors' slots. ``upper``: host upper bounds of ``base`` (nothing is read back)."""
+        ``base[b]`` and its ancestors' slots. ``upper``: host upper bounds of ``base`` (nothing is read back).
+        ``limit``: keys at or past it (``max_model_len``: no block holds them) are written to the head cache's
+        trash slot."""
         prop, bs, max_slots = self.proposer, self.proposer.block_size, self.shape.expansions
 
         def step(ids: torch.Tensor, feats: torch.Tensor, depths: torch.Tensor, slots: torch.Tensor,
@@ -160,6 +163,8 @@ class TreeDrafter:
             key = (base.unsqueeze(1) + slots).reshape(-1)  # each row's own key index
             rows_tables = tables.repeat_interleave(e, dim=0)
             slot_map = slots_for_positions(rows_tables, key.unsqueeze(1), bs).view(-1)
+            if limit is not None:
+                slot_map = torch.where(key < limit, slot_map, prop.trash_slot)
             # tree mask: bit (s - a) for each ancestor slot a (itself included), every key before base
             back = slots.view(1, e, 1) - torch.arange(anc.shape[2], device=anc.device).view(1, 1, -1)
             bits = ((anc & (back >= 0)).long() << back.clamp(min=0)).sum(dim=-1)

@@ -26,7 +26,7 @@ from tandem.worker.sampling_columns import SamplingColumns
 class InputBatch:
     def __init__(
         self, max_reqs: int, max_model_len: int, max_blocks: int, k: int, device: torch.device, *,
-        vocab_size: int, num_groups: int = 1,
+        vocab_size: int, num_groups: int = 1, tree_nodes: int = 0,
     ) -> None:
         self.device = device
         self.vocab_size = vocab_size
@@ -35,7 +35,13 @@ class InputBatch:
         self.tokens = torch.zeros(max_reqs, self.width, dtype=torch.int64, device=device)
         self.num_tokens = torch.zeros(max_reqs, dtype=torch.int64, device=device)
         self.num_computed = torch.zeros(max_reqs, dtype=torch.int64, device=device)
-        self.drafts = torch.full((max_reqs, max(k, 1)), -1, dtype=torch.int64, device=device)
+        self.drafts = torch.full((max_reqs, max(k, tree_nodes, 1)), -1, dtype=torch.int64, device=device)
+        # Draft trees (worker/tree_step.py): each slot's next tree — nodes' parents (0: the root) and depths, and
+        # the attention bits of the root and every node; its tokens are the slot's drafts.
+        n = max(tree_nodes, 1)
+        self.tree_parents = torch.zeros(max_reqs, n, dtype=torch.int64, device=device)
+        self.tree_depths = torch.ones(max_reqs, n, dtype=torch.int64, device=device)
+        self.tree_bits = torch.full((max_reqs, n + 1), -1, dtype=torch.int64, device=device)
         self.block_table = torch.zeros(max_reqs, max_blocks, dtype=torch.int64, device=device)
         # KV cache groups 1.. of a sliding-window model: one more table each (core/kv_cache_manager.py).
         self.group_block_tables = [torch.zeros_like(self.block_table) for _ in range(num_groups - 1)]

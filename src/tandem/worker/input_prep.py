@@ -14,6 +14,11 @@ Per scheduled request (batch order = the scheduler's order) with n tokens of whi
 The host knows every shape (query lengths come from the scheduler). Sequence lengths are exact on the
 host unless the request's previous step is not reconciled yet; then the host carries an upper bound
 (the scheduler's logical frontier) and the exact lengths travel as a device tensor.
+
+Draft trees (``tree_nodes`` > 0): a verify of k > 0 slots feeds the root and every node of the request's tree
+(``InputBatch.drafts`` / ``tree_depths`` / ``tree_bits``, written by the proposer): node j's row is written at
+key ``frontier + 1 + j`` and rotated at ``frontier + depth``, and sees what its bits in ``tree_masks`` allow
+(every other row of the batch: causal, all bits). Nodes deeper than k are there but cannot be accepted.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ def prepare_inputs(
     block_size: int,
     stale: set[str],
     device: torch.device,
+    tree_nodes: int = 0,
 ) -> StepInputs:
     logical = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs} if stale else {}
     if stale:
@@ -87,6 +93,7 @@ def prepare_inputs(
         exact = rid not in stale
         host_drafts = list(host_slots) if k and host_slots[0] != -1 else None  # type: ignore[index]
         known = n - k
+        rows = known + tree_nodes if k and tree_nodes else n  # a tree verify: the root and every node
         start_ub = st.num_computed_tokens if exact else logical.get(rid, st.num_computed_tokens)
         if exact and start_ub + known > len(st.prompt_token_ids) + len(st.output_token_ids):
             raise RuntimeError(
@@ -94,17 +101,17 @@ def prepare_inputs(
                 f"{st.num_tokens} are known to the runner"
             )
         if not decode_only:
-            row_slot += [slot] * n
-            row_offset += range(n)
-            row_draft += [-1] * known + list(range(k))
+            row_slot += [slot] * rows
+            row_offset += range(rows)
+            row_draft += [-1] * known + list(range(rows - known))
         samples = rid in sampling_ids
         if samples:
-            sample_rows = list(range(row + known - 1, row + n))
+            sample_rows = list(range(row + known - 1, row + rows))
         elif k:
             raise RuntimeError(f"{rid}: draft slots scheduled on a step that does not sample")
         else:
             sample_rows = []
-        plan = RequestPlan(st, rid, slot, row, n, k, known, samples, exact, host_drafts, sample_rows, [])
+        plan = RequestPlan(st, rid, slot, row, rows, k, known, samples, exact, host_drafts, sample_rows, [])
         if st.sampling_params.prompt_logprobs is not None and exact:
             # Row at position p predicts prompt token p + 1 (prefill chunks are always host-exact).
             last = min(start_ub + known, st.num_prompt_tokens - 1)
@@ -117,9 +124,9 @@ def prepare_inputs(
                 sample_rows = [r for r in sample_rows if r not in plan.prompt_logprob_rows]
         plans.append(plan)
         slots.append(slot)
-        n_list.append(n)
-        row += n
-        seq_lens.append(start_ub + n)
+        n_list.append(rows)
+        row += rows
+        seq_lens.append(start_ub + rows)
         logits_rows.extend(sample_rows)
 
     i64 = {"dtype": torch.int64, "device": device}
@@ -130,19 +137,27 @@ def prepare_inputs(
             ib.drafts[p.slot, p.num_slots :] = -1
     slots_t = torch.tensor(slots, **i64)
     base = ib.num_computed.index_select(0, slots_t)
+    tree_masks = None
     if decode_only:
         row_slot_t, positions = slots_t, base
         ids = ib.tokens[slots_t, positions.clamp(max=ib.trash)]
+        keys = positions
     else:
         row_slot_t, row_offset_t, row_draft_t = torch.tensor([row_slot, row_offset, row_draft], **i64)
         req_of_row = torch.repeat_interleave(torch.arange(len(plans), device=device), torch.tensor(n_list, **i64))
-        positions = base.index_select(0, req_of_row) + row_offset_t
-        history = ib.tokens[row_slot_t, positions.clamp(max=ib.trash)]
-        drafts = ib.drafts[row_slot_t, row_draft_t.clamp(min=0)]
+        keys = base.index_select(0, req_of_row) + row_offset_t  # where each row's K/V is written
+        positions = keys
+        history = ib.tokens[row_slot_t, keys.clamp(max=ib.trash)]
+        draft_col = row_draft_t.clamp(min=0)
+        drafts = ib.drafts[row_slot_t, draft_col]
         ids = torch.where(row_draft_t >= 0, drafts, history)
+        if tree_nodes and spec:  # node j (draft row j) rotates at its depth: key - (j + 1) + depth
+            is_node = row_draft_t >= 0
+            positions = keys + torch.where(is_node, ib.tree_depths[row_slot_t, draft_col] - draft_col - 1, 0)
+            tree_masks = torch.where(is_node, ib.tree_bits[row_slot_t, draft_col + 1], -1)
     ids = ids.clamp(min=0)
-    block_col = torch.div(positions, block_size, rounding_mode="floor")
-    slot_in_block = positions % block_size
+    block_col = torch.div(keys, block_size, rounding_mode="floor")
+    slot_in_block = keys % block_size
     slot_mapping = ib.block_table[row_slot_t, block_col] * block_size + slot_in_block
     width = -(-max(seq_lens) // block_size)
     every_row = logits_rows == list(range(row))  # plain decode: project every hidden row, in order
@@ -157,6 +172,7 @@ def prepare_inputs(
         seq_lens=seq_lens,
         logits_indices=None if every_row or not logits_rows else torch.tensor(logits_rows, **i64),
         seq_lens_dev=None if all(p.exact for p in plans) else base + torch.tensor(n_list, **i64),
+        tree_masks=tree_masks,
     )
     row_to_logit = {r: i for i, r in enumerate(logits_rows)}
     sampling_index = [i for i, p in enumerate(plans) if p.samples]

@@ -26,13 +26,19 @@ from tandem.model.forward_batch import KVCache
 from tandem.model.transformer import CausalLM
 from tandem.sample import RejectionSampler, RowSpec, Sampler, SamplingMetadata
 from tandem.sample.sampler import LogprobsTensors, compute_logprobs
+from tandem.sample.tree_rejection import TreeVerdict
+from tandem.spec_decode.eagle import DraftHeadProposer
 from tandem.spec_decode.proposer import OnHost, ProposeInput, Proposer
+from tandem.spec_decode.tree_draft import TreeDrafter, TreeShape
+from tandem.spec_decode.tree_propose import propose_tree
+from tandem.speculative_config import TreeConfig
 from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.input_batch import InputBatch
 from tandem.worker.input_prep import RequestPlan, StepInputs, prepare_inputs
 from tandem.worker.pending import PendingStep, PromptLogprobs
 from tandem.worker.pooler import Pooler
+from tandem.worker.tree_step import move_accepted, store_trees, verify_trees
 
 
 class ModelRunner:
@@ -51,6 +57,7 @@ class ModelRunner:
         tracer: Tracer = NULL_TRACER,
         structured: StructuredOutputManager | None = None,
         pooler: Pooler | None = None,
+        tree: TreeConfig | None = None,
     ) -> None:
         if deferred_reconciliation and not async_scheduling:
             raise ValueError("deferred_reconciliation needs async scheduling")
@@ -65,6 +72,16 @@ class ModelRunner:
             proposer = OnHost(proposer, max_model_len, tracer)
         self.proposer = proposer
         self.k = num_spec_tokens if proposer is not None else 0
+        # Draft trees (worker/tree_step.py, spec_decode/tree_propose.py); None: chains.
+        self.tree: TreeDrafter | None = None
+        self.tree_nodes = 0
+        if tree is not None and self.k:
+            if not isinstance(proposer, DraftHeadProposer):
+                raise ValueError("speculative_config.tree needs a draft head (eagle, eagle3, mtp)")
+            if any(layer.sliding for layer in model.layers):
+                raise ValueError("speculative_config.tree: tree steps do not support sliding-window layers")
+            self.tree = TreeDrafter(proposer, TreeShape(tree.top_k, self.k, tree.max_nodes))
+            self.tree_nodes = tree.max_nodes
         self.tracer = tracer
         # Grammars and bad-word ids. Matchers advance only in _apply_tokens (committed tokens), which
         # runs before the next step samples in every mode (end of step, deferred reconcile, or a
@@ -79,7 +96,8 @@ class ModelRunner:
         max_blocks = -(-(max_model_len + self.k + 1) // self.block_size)
         # Room for requests the scheduler already finished but whose removal arrives with a later step.
         self.batch = InputBatch(2 * max_num_seqs + 2, max_model_len, max_blocks, self.k, self.device,
-                                vocab_size=self.vocab_size, num_groups=len(model.kv_groups))
+                                vocab_size=self.vocab_size, num_groups=len(model.kv_groups),
+                                tree_nodes=self.tree_nodes)
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler(self.sampler)
         self._pending: PendingStep | None = None  # deferred: the last step not reconciled yet
@@ -130,7 +148,8 @@ class ModelRunner:
                 if not so.num_scheduled_tokens or (self.abandoned and self._only_abandoned(so)):
                     return PendingStep.empty(self.device)
                 stale = set(self._pending.req_ids) if self._pending is not None else set()
-                step = prepare_inputs(so, self.batch, block_size=self.block_size, stale=stale, device=self.device)
+                step = prepare_inputs(so, self.batch, block_size=self.block_size, stale=stale, device=self.device,
+                                      tree_nodes=self.tree_nodes)
             # Drafts asked for the next step (the speculation policy's choice).
             k_step = self.k if so.num_drafts_to_propose is None else min(self.k, so.num_drafts_to_propose)
             # A drafter with its own KV (EAGLE / MTP) runs over prompt chunks and over steps that draft; a
@@ -158,15 +177,25 @@ class ModelRunner:
             lp: LogprobsTensors | None = None
             num_valid: list[int] = []
             num_invalid: list[int] = []
+            verdict = None
             if sampling:
                 assert logits is not None
                 name = "rejection_sample" if any(p.num_slots for p in sampling) else "sample"
                 with tr.span(name, track="device", step=so.step_id, reqs=len(sampling)) as span:
-                    sampled, lp, num_valid, num_invalid = self._sample(step, sampling, logits)
+                    if self.tree is not None and any(p.num_slots for p in sampling):
+                        verdict, lp = self._verify_trees(sampling, logits, step)
+                        sampled, num_valid, num_invalid = verdict.output_token_ids, [p.num_slots for p in sampling], []
+                    else:
+                        sampled, lp, num_valid, num_invalid = self._sample(step, sampling, logits)
                     span.args["drafts"] = sum(num_valid)
             self._commit_on_device(step, sampled)
+            if verdict is not None:  # the accepted branches' K/V into the sequence before anything reads it
+                base = step.base.index_select(0, torch.tensor(step.sampling_index, device=self.device))
+                move_accepted(self.kv_cache, self.batch, sampling, base, verdict)
             drafts, applied = None, False
-            if self.k and (sampling or kv_pass):
+            if self.tree is not None and (sampling or kv_pass):
+                drafts = self._propose_tree(so.step_id, step, fwd, verdict, k_step, kv_pass)
+            elif self.k and (sampling or kv_pass):
                 drafts, applied = self._propose(so.step_id, step, sampled, fwd, k_step, kv_pass)
             pending = PendingStep(
                 step_id=so.step_id,
@@ -178,7 +207,7 @@ class ModelRunner:
                 num_invalid=num_invalid,
                 logprobs=lp,
                 prompt_logprobs=prompt_lp,
-                send_drafts=not self.async_scheduling and self.k > 0,
+                send_drafts=not self.async_scheduling and self.k > 0 and self.tree is None,
                 tokens_applied=applied,
                 pooled=pooled,
             )
@@ -239,9 +268,9 @@ class ModelRunner:
             row_slots, positions = [], []
             for p in plans:
                 n_out = len(p.state.output_token_ids)
-                if p.num_slots:
-                    row_slots += [p.slot] * (p.num_slots + 1)
-                    positions += range(n_out, n_out + p.num_slots + 1)
+                if p.num_slots:  # k + 1 rows of a chain; a tree's root and nodes
+                    row_slots += [p.slot] * len(p.sample_rows)
+                    positions += range(n_out, n_out + len(p.sample_rows))
                 else:
                     row_slots.append(p.slot)
                     positions.append(n_out)
@@ -360,3 +389,45 @@ class ModelRunner:
             assert isinstance(drafts, torch.Tensor)
             self.batch.set_drafts(slots, drafts)
         return drafts, inp.tokens_applied
+
+    # -- draft trees (worker/tree_step.py) ---------------------------------------------------------------------
+    def _verify_trees(
+        self, plans: list[RequestPlan], logits: torch.Tensor, step: StepInputs
+    ) -> tuple[TreeVerdict, LogprobsTensors | None]:
+        """Every sampling request's tree verdict (a request without slots: its one sampled token) and, where a
+        request asks for them (never one that verifies a tree), the logprobs of its token."""
+        idx = [step.row_to_logit[r] for p in plans for r in p.sample_rows]
+        rows_logits = logits if idx == list(range(logits.shape[0])) else logits.index_select(
+            0, torch.tensor(idx, device=logits.device))
+        meta = self._sampling_metadata(plans, [[] for _ in plans], [p.num_slots for p in plans])
+        assert self.tree is not None
+        verdict = verify_trees(self.sampler, rows_logits, meta, plans, self.batch, self.k)
+        lp = None
+        if meta.max_num_logprobs is not None:
+            counts = torch.tensor([len(p.sample_rows) for p in plans], device=self.device)
+            ids = verdict.output_token_ids[:, 0].repeat_interleave(counts)
+            lp = compute_logprobs(rows_logits, ids, meta.max_num_logprobs)
+        return verdict, lp
+
+    def _propose_tree(
+        self, step_id: int, step: StepInputs, fwd: object, verdict: TreeVerdict | None, k_step: int, kv_pass: bool
+    ) -> torch.Tensor:
+        """The head's pass and the next trees (``tree_propose``), stored in the batch; returns the drafts
+        ``[B, N]`` of the sampling requests (-1 where none were drafted). Without ``kv_pass`` (a decode-only
+        step that drafts nothing) the head does not run, as for chains."""
+        assert self.tree is not None and self.proposer is not None
+        plans = step.sampling
+        with self.tracer.span("propose", track="device", step=step_id, reqs=len(plans), k=k_step):
+            tree = None
+            if kv_pass:
+                hidden = {-1: fwd.hidden_states}  # type: ignore[attr-defined]
+                for layer, h in zip(self.proposer.aux_hidden_layers, fwd.aux_hidden_states):  # type: ignore[attr-defined]
+                    hidden[layer] = h
+                tree = propose_tree(self.tree, step, self.batch, hidden, verdict, k_step, self.max_model_len)
+            slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=self.device)
+            if tree is None:
+                drafts = torch.full((len(plans), self.tree_nodes), -1, dtype=torch.int64, device=self.device)
+                self.batch.set_drafts(slots, drafts)
+                return drafts
+            store_trees(self.batch, slots, tree)
+            return tree.tokens

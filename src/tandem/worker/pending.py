@@ -153,5 +153,5 @@ def _logprob_entries(
                 r = row + j
                 entries.append(TokenLogprobs(tok, vals[r][0], ranks[r], ids[r][1 : n + 1], vals[r][1 : n + 1]))
         out.append(entries)
-        row += p.num_slots + 1
+        row += len(p.sample_rows)  # (a tree verify's root and nodes; a chain's k + 1)
     return out

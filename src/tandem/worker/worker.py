@@ -91,6 +91,7 @@ def build_runner(
         deferred_reconciliation=cfg.scheduler.deferred_reconciliation,
         proposer=proposer,
         num_spec_tokens=cfg.speculative.num_speculative_tokens if cfg.speculative else 0,
+        tree=cfg.speculative.tree if cfg.speculative else None,
         tracer=tracer,
         # Grammars and bad words need the tokenizer on the worker; it is loaded on first use.
         structured=StructuredOutputManager(

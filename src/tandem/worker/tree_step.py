@@ -1,0 +1,101 @@
+"""The runner's tree steps (``speculative_config.tree``): verifying each request's draft tree, moving the accepted
+branch's K/V into place, and storing the next trees in the persistent batch. Device ops only; every shape is
+known on the host (``max_nodes`` nodes a tree, depth ``num_speculative_tokens``).
+
+A request that verifies k > 0 slots feeds its root and all ``N`` nodes (``input_prep``); nodes deeper than k
+are fed but never accepted (the scheduler's k bounds what the ledgers count: placeholders, the frontier's
+advance and its roll-back are a chain's of k drafts). The verdict is the longest accepted path plus one token
+(:mod:`tandem.sample.tree_rejection`), padded like the chain sampler's ``[B, k + 1]`` output, so committing it is
+the chain's commit. Its nodes' K/V rows, written at keys ``frontier + node``, move to ``frontier + 1 ..``
+before anything reads them; the draft head's K/V needs no move (the proposer runs the head over the accepted
+path again, ``tree_propose``).
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+import torch
+
+from tandem.model.attention.base import slots_for_positions
+from tandem.sample.metadata import to_device
+from tandem.sample.rng import make_generator
+from tandem.sample.tree_rejection import TreeVerdict, greedy_tree_verify, tree_rejection_sample
+
+if TYPE_CHECKING:
+    from tandem.model.forward_batch import KVCache
+    from tandem.sample import Sampler, SamplingMetadata
+    from tandem.spec_decode.tree_draft import DraftTree
+    from tandem.worker.input_batch import InputBatch
+    from tandem.worker.input_prep import RequestPlan
+
+
+def tree_bits(parents: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+    """Every tree row's ``ForwardBatch.tree_masks`` entry ``[B, N + 1]`` (row 0 the root) from the nodes'
+    ``parents`` and ``depths`` ``[B, N]`` (numbered by depth): the root sees every key before it (all bits);
+    row j sees itself (bit 0) and what its parent p sees, ``j - p`` keys further back. One op per level."""
+    batch, n = parents.shape
+    bits = torch.full((batch, n + 1), -1, dtype=torch.int64, device=parents.device)
+    if not n:
+        return bits
+    own = torch.arange(1, n + 1, device=parents.device).expand(batch, -1)
+    for level in range(1, int(n) + 1):
+        at = depths == level
+        if level > 1 and not bool(at.any()):
+            break
+        from_parent = torch.bitwise_left_shift(bits.gather(1, parents), own - parents) | 1
+        bits[:, 1:] = torch.where(at, from_parent, bits[:, 1:])
+    return bits
+
+
+def store_trees(ib: InputBatch, slots: torch.Tensor, tree: DraftTree) -> None:
+    """The next trees of the requests in ``slots``: tokens as their drafts, parents, depths and row masks."""
+    n = tree.tokens.shape[1]
+    ib.drafts[slots, :n] = tree.tokens
+    ib.tree_parents[slots] = tree.parents
+    ib.tree_depths[slots] = tree.depths
+    ib.tree_bits[slots] = tree_bits(tree.parents, tree.depths)
+
+
+def verify_trees(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata, plans: list[RequestPlan],
+                 ib: InputBatch, depth: int) -> TreeVerdict:
+    """The verdict of every sampling request: ``logits`` holds each plan's sample rows in order (one row for a
+    request without slots, root + N nodes for a tree verify). Seeds: the generator of a request's first row,
+    as for the chain."""
+    device = logits.device
+    counts = [len(p.sample_rows) for p in plans]
+    starts = list(accumulate(counts, initial=0))[:-1]
+    n = ib.tree_parents.shape[1]
+    slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=device)
+    last = torch.tensor(counts, dtype=torch.int64, device=device).unsqueeze(1) - 1
+    index = torch.tensor(starts, dtype=torch.int64, device=device).unsqueeze(1) + torch.minimum(
+        torch.arange(n + 1, device=device), last)  # [B, N + 1]: a request without a tree repeats its one row
+    k = torch.tensor([p.num_slots for p in plans], dtype=torch.int64, device=device).unsqueeze(1)
+    parents = ib.tree_parents.index_select(0, slots)
+    tokens = torch.where(ib.tree_depths.index_select(0, slots) <= k, ib.drafts.index_select(0, slots)[:, :n], -1)
+    if meta.all_greedy:
+        return greedy_tree_verify(sampler.greedy_token_ids(logits, meta)[index], tokens, parents, depth)
+    probs = sampler.compute_probs(logits, meta)[index]  # [B, N + 1, V]
+    greedy = [meta.is_greedy[s] for s in starts]
+    generators = [None if g else make_generator(meta.generator_keys[s], device) for g, s in zip(greedy, starts)]
+    return tree_rejection_sample(probs, tokens, parents, generators, to_device(greedy, torch.bool, device), depth)
+
+
+def move_accepted(kv: KVCache, ib: InputBatch, plans: list[RequestPlan], base: torch.Tensor,
+                  verdict: TreeVerdict) -> None:
+    """Each request's accepted nodes' K/V rows (keys ``base + known - 1 + node``) to the sequence's next keys
+    (``base + known + i``), in every layer; pairs past the accepted count copy a row onto itself. ``base``: the
+    plans' frontiers before the step (``StepInputs.base`` at their indices)."""
+    nodes = verdict.accepted_nodes  # [B, D], -1 padded
+    if not nodes.shape[1]:
+        return
+    device = nodes.device
+    slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=device)
+    root = base + torch.tensor([p.num_known - 1 for p in plans], dtype=torch.int64, device=device)
+    step = torch.arange(1, nodes.shape[1] + 1, device=device)
+    dst = root.unsqueeze(1) + step
+    src = torch.where(nodes >= 0, root.unsqueeze(1) + nodes, dst)
+    tables = ib.block_table.index_select(0, slots)
+    bs = kv.block_size
+    kv.move_rows(slots_for_positions(tables, src, bs).reshape(-1), slots_for_positions(tables, dst, bs).reshape(-1))
