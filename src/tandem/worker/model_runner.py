@@ -26,11 +26,7 @@ from tandem.model.forward_batch import KVCache
 from tandem.model.transformer import CausalLM
 from tandem.sample import RejectionSampler, RowSpec, Sampler, SamplingMetadata
 from tandem.sample.sampler import LogprobsTensors, compute_logprobs
-from tandem.sample.tree_rejection import TreeVerdict
-from tandem.spec_decode.eagle import DraftHeadProposer
 from tandem.spec_decode.proposer import OnHost, ProposeInput, Proposer
-from tandem.spec_decode.tree_draft import TreeDrafter, TreeShape
-from tandem.spec_decode.tree_propose import propose_tree
 from tandem.speculative_config import TreeConfig
 from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
@@ -38,7 +34,7 @@ from tandem.worker.input_batch import InputBatch
 from tandem.worker.input_prep import RequestPlan, StepInputs, prepare_inputs
 from tandem.worker.pending import PendingStep, PromptLogprobs
 from tandem.worker.pooler import Pooler
-from tandem.worker.tree_step import move_accepted, store_trees, verify_trees
+from tandem.worker.tree_step import TreeSteps
 
 
 class ModelRunner:
@@ -72,16 +68,10 @@ class ModelRunner:
             proposer = OnHost(proposer, max_model_len, tracer)
         self.proposer = proposer
         self.k = num_spec_tokens if proposer is not None else 0
-        # Draft trees (worker/tree_step.py, spec_decode/tree_propose.py); None: chains.
-        self.tree: TreeDrafter | None = None
-        self.tree_nodes = 0
-        if tree is not None and self.k:
-            if not isinstance(proposer, DraftHeadProposer):
-                raise ValueError("speculative_config.tree needs a draft head (eagle, eagle3, mtp)")
-            if any(layer.sliding for layer in model.layers):
-                raise ValueError("speculative_config.tree: tree steps do not support sliding-window layers")
-            self.tree = TreeDrafter(proposer, TreeShape(tree.top_k, self.k, tree.max_nodes))
-            self.tree_nodes = tree.max_nodes
+        # Draft trees (worker/tree_step.py); None: chains.
+        self.tree = (TreeSteps.create(tree, model, proposer, kv_cache, self.k, max_model_len)
+                     if tree is not None and self.k else None)
+        self.tree_nodes = tree.max_nodes if self.tree is not None else 0
         self.tracer = tracer
         # Grammars and bad-word ids. Matchers advance only in _apply_tokens (committed tokens), which
         # runs before the next step samples in every mode (end of step, deferred reconcile, or a
@@ -100,6 +90,8 @@ class ModelRunner:
                                 tree_nodes=self.tree_nodes)
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler(self.sampler)
+        if self.tree is not None:
+            self.tree.batch, self.tree.sampler = self.batch, self.sampler
         self._pending: PendingStep | None = None  # deferred: the last step not reconciled yet
         # Requests the engine aborted after scheduling steps that are still queued here
         # (:meth:`abandon`); dropped when a step removes them.
@@ -183,18 +175,21 @@ class ModelRunner:
                 name = "rejection_sample" if any(p.num_slots for p in sampling) else "sample"
                 with tr.span(name, track="device", step=so.step_id, reqs=len(sampling)) as span:
                     if self.tree is not None and any(p.num_slots for p in sampling):
-                        verdict, lp = self._verify_trees(sampling, logits, step)
+                        idx = [step.row_to_logit[r] for p in sampling for r in p.sample_rows]
+                        meta = self._sampling_metadata(sampling, [[] for _ in sampling], [0] * len(sampling))
+                        verdict, lp = self.tree.verify(sampling, logits[idx], meta)
                         sampled, num_valid, num_invalid = verdict.output_token_ids, [p.num_slots for p in sampling], []
                     else:
                         sampled, lp, num_valid, num_invalid = self._sample(step, sampling, logits)
                     span.args["drafts"] = sum(num_valid)
             self._commit_on_device(step, sampled)
             if verdict is not None:  # the accepted branches' K/V into the sequence before anything reads it
-                base = step.base.index_select(0, torch.tensor(step.sampling_index, device=self.device))
-                move_accepted(self.kv_cache, self.batch, sampling, base, verdict)
+                assert self.tree is not None
+                self.tree.move_accepted(step, verdict)
             drafts, applied = None, False
             if self.tree is not None and (sampling or kv_pass):
-                drafts = self._propose_tree(so.step_id, step, fwd, verdict, k_step, kv_pass)
+                with tr.span("propose", track="device", step=so.step_id, reqs=len(sampling), k=k_step):
+                    drafts = self.tree.propose(step, fwd, verdict, k_step if kv_pass else None)
             elif self.k and (sampling or kv_pass):
                 drafts, applied = self._propose(so.step_id, step, sampled, fwd, k_step, kv_pass)
             pending = PendingStep(
@@ -281,7 +276,7 @@ class ModelRunner:
             for p, drafts, n_valid in zip(plans, drafts_of, num_valid):
                 st, drafts = p.state, drafts[:n_valid]
                 bad = self.structured.bad_words_ids(st.sampling_params.bad_words) if self.structured else ()
-                for j in range(p.num_slots + 1):
+                for j in range(len(p.sample_rows)):  # (a tree's rows never need a history: no drafts here)
                     rows.append(RowSpec(
                         params=st.sampling_params,
                         prompt_token_ids=st.prompt_token_ids,
@@ -389,45 +384,3 @@ class ModelRunner:
             assert isinstance(drafts, torch.Tensor)
             self.batch.set_drafts(slots, drafts)
         return drafts, inp.tokens_applied
-
-    # -- draft trees (worker/tree_step.py) ---------------------------------------------------------------------
-    def _verify_trees(
-        self, plans: list[RequestPlan], logits: torch.Tensor, step: StepInputs
-    ) -> tuple[TreeVerdict, LogprobsTensors | None]:
-        """Every sampling request's tree verdict (a request without slots: its one sampled token) and, where a
-        request asks for them (never one that verifies a tree), the logprobs of its token."""
-        idx = [step.row_to_logit[r] for p in plans for r in p.sample_rows]
-        rows_logits = logits if idx == list(range(logits.shape[0])) else logits.index_select(
-            0, torch.tensor(idx, device=logits.device))
-        meta = self._sampling_metadata(plans, [[] for _ in plans], [p.num_slots for p in plans])
-        assert self.tree is not None
-        verdict = verify_trees(self.sampler, rows_logits, meta, plans, self.batch, self.k)
-        lp = None
-        if meta.max_num_logprobs is not None:
-            counts = torch.tensor([len(p.sample_rows) for p in plans], device=self.device)
-            ids = verdict.output_token_ids[:, 0].repeat_interleave(counts)
-            lp = compute_logprobs(rows_logits, ids, meta.max_num_logprobs)
-        return verdict, lp
-
-    def _propose_tree(
-        self, step_id: int, step: StepInputs, fwd: object, verdict: TreeVerdict | None, k_step: int, kv_pass: bool
-    ) -> torch.Tensor:
-        """The head's pass and the next trees (``tree_propose``), stored in the batch; returns the drafts
-        ``[B, N]`` of the sampling requests (-1 where none were drafted). Without ``kv_pass`` (a decode-only
-        step that drafts nothing) the head does not run, as for chains."""
-        assert self.tree is not None and self.proposer is not None
-        plans = step.sampling
-        with self.tracer.span("propose", track="device", step=step_id, reqs=len(plans), k=k_step):
-            tree = None
-            if kv_pass:
-                hidden = {-1: fwd.hidden_states}  # type: ignore[attr-defined]
-                for layer, h in zip(self.proposer.aux_hidden_layers, fwd.aux_hidden_states):  # type: ignore[attr-defined]
-                    hidden[layer] = h
-                tree = propose_tree(self.tree, step, self.batch, hidden, verdict, k_step, self.max_model_len)
-            slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=self.device)
-            if tree is None:
-                drafts = torch.full((len(plans), self.tree_nodes), -1, dtype=torch.int64, device=self.device)
-                self.batch.set_drafts(slots, drafts)
-                return drafts
-            store_trees(self.batch, slots, tree)
-            return tree.tokens

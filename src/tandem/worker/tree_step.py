@@ -21,14 +21,20 @@ import torch
 from tandem.model.attention.base import slots_for_positions
 from tandem.sample.metadata import to_device
 from tandem.sample.rng import make_generator
+from tandem.sample.sampler import LogprobsTensors, compute_logprobs
 from tandem.sample.tree_rejection import TreeVerdict, greedy_tree_verify, tree_rejection_sample
+from tandem.spec_decode.eagle import DraftHeadProposer
+from tandem.spec_decode.tree_draft import DraftTree, TreeDrafter, TreeShape
+from tandem.spec_decode.tree_propose import propose_tree
 
 if TYPE_CHECKING:
     from tandem.model.forward_batch import KVCache
+    from tandem.model.transformer import CausalLM
     from tandem.sample import Sampler, SamplingMetadata
-    from tandem.spec_decode.tree_draft import DraftTree
+    from tandem.spec_decode.proposer import Proposer
+    from tandem.speculative_config import TreeConfig
     from tandem.worker.input_batch import InputBatch
-    from tandem.worker.input_prep import RequestPlan
+    from tandem.worker.input_prep import RequestPlan, StepInputs
 
 
 def tree_bits(parents: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
@@ -99,3 +105,64 @@ def move_accepted(kv: KVCache, ib: InputBatch, plans: list[RequestPlan], base: t
     tables = ib.block_table.index_select(0, slots)
     bs = kv.block_size
     kv.move_rows(slots_for_positions(tables, src, bs).reshape(-1), slots_for_positions(tables, dst, bs).reshape(-1))
+
+
+class TreeSteps:
+    """The runner's tree steps: one per runner, over its persistent batch, KV cache and sampler."""
+
+    def __init__(self, drafter: TreeDrafter, kv: KVCache, max_model_len: int) -> None:
+        self.drafter, self.kv, self.max_model_len = drafter, kv, max_model_len
+        self.depth = drafter.shape.depth
+        self.num_nodes = drafter.shape.max_nodes
+        self.batch: InputBatch | None = None  # the runner's (set once it exists)
+        self.sampler: Sampler | None = None
+
+    @classmethod
+    def create(cls, tree: TreeConfig, model: CausalLM, proposer: Proposer | None, kv: KVCache, depth: int,
+               max_model_len: int) -> TreeSteps:
+        if not isinstance(proposer, DraftHeadProposer):
+            raise ValueError("speculative_config.tree needs a draft head (methods eagle, eagle3, mtp)")
+        if any(layer.sliding for layer in model.layers):
+            raise ValueError("speculative_config.tree: tree steps do not support sliding-window layers")
+        return cls(TreeDrafter(proposer, TreeShape(tree.top_k, depth, tree.max_nodes)), kv, max_model_len)
+
+    def verify(self, plans: list[RequestPlan], logits: torch.Tensor, meta: SamplingMetadata
+               ) -> tuple[TreeVerdict, LogprobsTensors | None]:
+        """Every sampling request's verdict (``logits``: its sample rows, in order; a request without slots: its
+        one sampled token) and, where a request asks for them (never one that verifies a tree: the scheduler
+        gives it no slots), the logprobs of its token."""
+        assert self.batch is not None and self.sampler is not None
+        verdict = verify_trees(self.sampler, logits, meta, plans, self.batch, self.depth)
+        lp = None
+        if meta.max_num_logprobs is not None:
+            counts = torch.tensor([len(p.sample_rows) for p in plans], device=logits.device)
+            lp = compute_logprobs(logits, verdict.output_token_ids[:, 0].repeat_interleave(counts),
+                                  meta.max_num_logprobs)
+        return verdict, lp
+
+    def move_accepted(self, step: StepInputs, verdict: TreeVerdict) -> None:
+        assert self.batch is not None
+        base = step.base.index_select(0, torch.tensor(step.sampling_index, device=step.base.device))
+        move_accepted(self.kv, self.batch, step.sampling, base, verdict)
+
+    def propose(self, step: StepInputs, fwd: object, verdict: TreeVerdict | None, num_drafts: int | None
+                ) -> torch.Tensor:
+        """The head's pass and the next trees (``tree_propose``), stored in the batch; returns the drafts
+        ``[B, N]`` of the sampling requests (-1 where none were drafted). ``num_drafts`` None: a decode-only step
+        that drafts nothing; the head does not run (as for chains)."""
+        assert self.batch is not None
+        ib, plans = self.batch, step.sampling
+        tree = None
+        if num_drafts is not None:
+            prop = self.drafter.proposer
+            hidden = {-1: fwd.hidden_states}  # type: ignore[attr-defined]
+            for layer, h in zip(prop.aux_hidden_layers, fwd.aux_hidden_states):  # type: ignore[attr-defined]
+                hidden[layer] = h
+            tree = propose_tree(self.drafter, step, ib, hidden, verdict, num_drafts, self.max_model_len)
+        slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=ib.drafts.device)
+        if tree is None:
+            drafts = torch.full((len(plans), self.num_nodes), -1, dtype=torch.int64, device=ib.drafts.device)
+            ib.set_drafts(slots, drafts)
+            return drafts
+        store_trees(ib, slots, tree)
+        return tree.tokens
