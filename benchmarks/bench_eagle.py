@@ -36,14 +36,21 @@ METHODS = ("eagle", "eagle3", "mtp")
 EQUALITY_METHODS = (*METHODS, "ngram", "draft_model")  # --mode equality also takes the model-free and draft-model methods
 
 
-def spec(arm: str, k: int, draft_dtype: str | None = None) -> dict[str, Any] | None:
-    """An arm is a method, optionally with its own draft dtype after a colon (``eagle:int8``)."""
+def spec(arm: str, k: int, draft_dtype: str | None = None, tree: str | None = None,
+         policy: str | None = None) -> dict[str, Any] | None:
+    """An arm is a method, optionally with its own draft dtype after a colon (``eagle:int8``); ``tree``
+    ``TOP_K,MAX_NODES`` drafts trees (speculative_config.tree) with the draft heads."""
     if arm == "none":
         return None
     method, _, own = arm.partition(":")
     out: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
     if own or draft_dtype is not None:
         out["draft_dtype"] = own or draft_dtype
+    if tree and method in ("eagle", "eagle3", "mtp"):
+        top_k, max_nodes = (int(v) for v in tree.split(","))
+        out["tree"] = {"top_k": top_k, "max_nodes": max_nodes}
+    if policy:
+        out["policy"] = policy
     return out
 
 
@@ -87,7 +94,7 @@ def run_speed(ns: argparse.Namespace) -> dict[str, Any]:
     engines = {}
     for m in tqdm(arms, desc="load"):
         engines[m] = LLM(max_num_seqs=1, async_scheduling=ns.async_on,
-                         speculative_config=spec(m, ns.k, ns.draft_dtype), max_model_len=2048, num_kv_blocks=160)
+                         speculative_config=spec(m, ns.k, ns.draft_dtype, ns.tree, ns.policy), max_model_len=2048, num_kv_blocks=160)
         engines[m].generate(prompts[0], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
         engines[m].reset_spec_decode_stats()
     # per arm, per prompt: (end-to-end s, tokens after the first, decode s, token ids)
@@ -155,7 +162,7 @@ def run_equality(ns: argparse.Namespace) -> dict[str, Any]:
     probe = None
     prompt_ids: list[list[int]] = []
     for m, a in tqdm(arms, desc="equality"):
-        llm = LLM(max_num_seqs=8, async_scheduling=a, speculative_config=spec(m, ns.k, ns.draft_dtype),
+        llm = LLM(max_num_seqs=8, async_scheduling=a, speculative_config=spec(m, ns.k, ns.draft_dtype, ns.tree, ns.policy),
                   max_model_len=2048, num_kv_blocks=512, quantization=ns.quantization)
         outs = llm.generate(prompts, params, use_tqdm=False)
         got = [list(o.outputs[0].token_ids) for o in outs]
@@ -205,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tie-eps", type=float, default=1e-3)
     p.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16", "int8"],
                    help="speculative_config.draft_dtype of the heads (default: auto)")
+    p.add_argument("--tree", default=None, metavar="TOP_K,MAX_NODES",
+                   help="draft trees for the eagle / eagle3 / mtp arms (speculative_config.tree)")
+    p.add_argument("--policy", default=None, choices=["adaptive", "fixed"], help="speculative_config.policy")
     p.add_argument("--json", default=None)
     ns = p.parse_args(argv)
     if ns.prompts is None:

@@ -7,6 +7,7 @@ kernels, so scheduling (pure Python) overlaps the forward pass. Steps run strict
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 from tandem.core.interface import ModelRunnerOutput, SchedulerOutput
 from tandem.execution import built_execution
@@ -18,14 +19,11 @@ from tandem.worker.pending import PendingStep
 from tandem.worker.worker import WorkerSpec, build_runner
 
 
-class _Step:
+class _Step(NamedTuple):
     """One submitted step as the engine waits for it: ``result`` materializes the worker's ``PendingStep``
     (reads its host copy) on the engine's thread, so the worker thread goes on to the next step at once."""
 
-    __slots__ = ("future",)
-
-    def __init__(self, future: Future[PendingStep]) -> None:
-        self.future = future
+    future: Future[PendingStep]
 
     def result(self, timeout: float | None = None) -> ModelRunnerOutput:
         return self.future.result(timeout).materialize()
