@@ -72,6 +72,41 @@ def test_a_seeded_sampled_request_is_never_varied():
     assert k["seeded"] == 2 and k["seeded-greedy"] == 0 and k["r0"] == 0 and pol.propose_k == 3
 
 
+def _tree_policy(fixed: float, per_row: float, tree_accepted: float) -> AdaptivePolicy:
+    pol = AdaptivePolicy(3, "eagle3", tree_nodes=6)
+    pol.cost = _fitted(fixed, per_row)
+    pol._since_explore = pol._since_tree = -10_000  # no exploration step in these decisions
+    pol.tree_accepted[0] = [tree_accepted, 3.0]
+    return pol
+
+
+def test_trees_are_drafted_when_their_rate_beats_the_chains():
+    # Rows nearly free: a tree's extra accepted tokens are worth its 6 rows.
+    pol = _tree_policy(10e-3, 0.1e-3, tree_accepted=2.2)
+    assert pol.plan([(_Req("a"), 3)]) == {"a": 3} and pol.propose_tree and pol.propose_k == 3
+    # Rows dear (the 2-core CPU's case): the chain's 3 rows win over the tree's 6.
+    pol = _tree_policy(3e-3, 1e-3, tree_accepted=1.3)
+    pol.plan([(_Req("a"), 3)])
+    assert not pol.propose_tree and pol.propose_k >= 1  # chains, as many drafts as pay
+    # Trees that accept nothing never pay; a compute-bound batch drafts nothing at all.
+    pol = _tree_policy(1e-3, 1e-3, tree_accepted=0.0)
+    decode = [(_Req(f"r{i}"), 3) for i in range(32)]
+    assert set(pol.plan(decode).values()) == {0} and not pol.propose_tree and pol.propose_k == 0
+
+
+def test_tree_verifies_teach_the_tree_estimate_not_the_chains():
+    pol = _tree_policy(10e-3, 0.1e-3, tree_accepted=1.0)
+    req = _Req("a")
+    pol.plan([(req, 3)])
+    chain_before = list(pol.by_class[0])
+    for _ in range(200):
+        pol.observe_drafts(req, 3, 3, tree=True)
+    assert pol.tree_accepted[0][0] == pytest.approx(3.0, abs=0.01)
+    assert pol.by_class[0] == chain_before
+    # The fixed policy always drafts the trees it was given.
+    assert FixedPolicy(3).propose_tree
+
+
 def test_per_request_choice_follows_acceptance_and_limits():
     pol = _policy(3, 4e-3, 0.5e-3)
     good, bad, short = _Req("good"), _Req("bad"), _Req("short", remaining=2)

@@ -5,6 +5,7 @@ whose right path is never the first child (every step moves K/V rows), and seede
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -159,3 +160,34 @@ def test_seeded_sampling_is_reproducible_and_history_bound_requests_get_no_draft
         _check_idle(llm)
         llm.shutdown()
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_steps_drafting_trees_and_chains_mix_exactly(setup: dict[str, Any], async_scheduling: bool) -> None:
+    """The adaptive policy chooses per step whether the drafts are trees or chains; here its choice is made to
+    cycle (tree, chain, chain), so batches verify trees (oracle trees: they accept, rows move) beside chains (the
+    tiny head's), and the outputs stay the greedy ones. (The choice itself: tests/core/test_spec_policy.py.)"""
+    spec, target, _ = setup["eagle"]
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    base = LLM(str(target), max_num_seqs=4)
+    ref = [list(o.outputs[0].token_ids) for o in base.generate(PROMPTS, params)]
+    base.shutdown()
+    cfg = {**spec, "num_speculative_tokens": 3, "tree": TREE, "policy": "adaptive"}
+    llm = LLM(str(target), max_num_seqs=4, async_scheduling=async_scheduling, speculative_config=cfg)
+    tok = setup["tok"]
+    _oracle(llm, [tok.encode(p) + g for p, g in zip(PROMPTS, ref)])
+    choice = itertools.cycle([True, False, False])
+    llm.engine.core.scheduler.spec_policy._trees_pay = lambda limits, want: next(choice)  # type: ignore[method-assign]
+    steps = llm.engine.core.executor.runner.tree
+    calls = {"tree": 0, "chain": 0}
+    for name, drafter in (("tree", steps.drafter), ("chain", steps.chain)):
+        def counted(*a: Any, _inner: Any = drafter.draft, _name: str = name, **kw: Any) -> DraftTree:
+            calls[_name] += 1
+            return _inner(*a, **kw)
+
+        drafter.draft = counted  # type: ignore[method-assign]
+    out = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+    assert out == ref
+    assert calls["tree"] > 5 and calls["chain"] > 5, calls
+    _check_idle(llm)
+    llm.shutdown()

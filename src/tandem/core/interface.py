@@ -69,6 +69,12 @@ class SchedulerOutput:
     # Drafts the proposer makes during this step for the next one (the speculation policy's choice,
     # 0 .. num_speculative_tokens); None: num_speculative_tokens.
     num_drafts_to_propose: int | None = None
+    # Draft trees (speculative_config.tree): the requests whose verify this step is a tree (the root and all its
+    # nodes, ``num_tree_rows`` rows in all beyond the scheduled tokens); whether this step drafts trees (else
+    # chains) for the next one: the speculation policy's choice.
+    tree_req_ids: set[str] = field(default_factory=set)
+    num_tree_rows: int = 0
+    draft_trees: bool = False
 
     @property
     def is_empty(self) -> bool:

@@ -62,6 +62,7 @@ class InFlightStep(NamedTuple):
     num_drafts: int  # draft slots among them
     samples: bool  # the step samples a token (it reaches the end of the known tokens)
     num_placeholders: int  # 1 + num_drafts when it samples, else 0: the outputs it promised
+    tree: bool = False  # its drafts are verified as a tree (speculative_config.tree)
 
 
 class InvariantError(AssertionError):
@@ -98,6 +99,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_output_placeholders = 0
         self.spec_token_ids: list[int] = []
+        self.spec_tree = False  # its drafts on the device are a tree (speculative_config.tree), not a chain
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []  # written only by KVCacheManager (KV cache group 0)
         self.group_block_ids: list[list[int]] = []  # groups 1.. (sliding-window models); same writer

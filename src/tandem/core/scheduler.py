@@ -117,6 +117,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
         spec_tokens: dict[str, list[int]] = {}
+        tree_req_ids: set[str] = set()
+        tree_rows = 0
         new_reqs: list[NewRequestData] = []
         preempted_now = False
         k_of = self._plan_drafts() if self.num_spec_tokens else {}
@@ -149,9 +151,14 @@ class Scheduler:
             n_new = fit
             n_spec = max(0, n_new - to_end)
             num_scheduled[req.request_id] = n_new
+            extra = 0
             if n_spec:
                 spec_tokens[req.request_id] = req.spec_token_ids[:n_spec]
-            budget -= n_new + (self.tree_nodes - n_spec if n_spec and self.tree_nodes else 0)
+                if req.spec_tree:  # a tree verify: every node is a row
+                    tree_req_ids.add(req.request_id)
+                    extra = self.tree_nodes - n_spec
+                    tree_rows += extra
+            budget -= n_new + extra
             i += 1
 
         while self.waiting and budget > 0 and not preempted_now:
@@ -207,6 +214,9 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             scheduled_spec_decode_tokens=spec_tokens,
             num_drafts_to_propose=self.spec_policy.propose_k if self.num_spec_tokens else None,
+            tree_req_ids=tree_req_ids,
+            num_tree_rows=tree_rows,
+            draft_trees=bool(self.tree_nodes) and self.spec_policy.propose_tree,
         )
         if num_scheduled:
             # The runner learns what to forget with the next step it runs.
@@ -245,7 +255,7 @@ class Scheduler:
             epochs[rid] = req.epoch
             if samples:
                 sampling.add(rid)
-            step = InFlightStep(step_id, n, n_drafts, samples, 1 + n_drafts if samples else 0)
+            step = InFlightStep(step_id, n, n_drafts, samples, 1 + n_drafts if samples else 0, rid in out.tree_req_ids)
             req.inflight.append(step)
             req.num_computed_tokens += n
             req.num_output_placeholders += step.num_placeholders
@@ -256,7 +266,9 @@ class Scheduler:
             # sees them after the next step is scheduled; trees: a tree is not a list of ids).
             k = self.num_spec_tokens if out.num_drafts_to_propose is None else out.num_drafts_to_propose
             for rid in sampling:
-                requests[rid].spec_token_ids = [-1] * k
+                req = requests[rid]
+                req.spec_token_ids = [-1] * k
+                req.spec_tree = out.draft_trees
 
     # -- preemption, abort, finish -----------------------------------------------------------------------
     def _preempt(self, req: Request) -> None:
@@ -375,7 +387,7 @@ class Scheduler:
                 req.spec_stats.observe(num_valid, num_accepted, num_invalid)
                 self.counters.spec.observe(num_valid, num_accepted, num_invalid)
         if self.num_spec_tokens and step.num_scheduled == step.num_drafts + 1:  # a decode step
-            self.spec_policy.observe_drafts(req, num_valid, num_accepted)
+            self.spec_policy.observe_drafts(req, num_valid, num_accepted, step.tree)
         logprobs = out.logprobs[idx] if out.logprobs is not None and idx is not None else None
 
         new_tokens = sampled

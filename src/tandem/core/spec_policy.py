@@ -32,6 +32,11 @@ run (a drafter with its own KV still keeps it current). Until the cost is fitted
 steps (more often before the first fit) one step does the opposite of the choice — no drafts, or all of
 them (drafted in that step, verified in the next) — so the estimate never freezes.
 
+With draft trees (``speculative_config.tree``) the policy also chooses, per step, whether the drafts made in it
+are trees or chains: trees when their expected rate beats the chains' by ``MARGIN`` under the same cost fit (a
+tree verify is ``1 + max_nodes`` rows; its accepted tokens a moving average per temperature class, started at
+``TREE_GAIN_PRIOR`` times the chain's prior). ``fixed`` always drafts trees.
+
 A request with a seed and a temperature is never varied: the random numbers it consumes depend on its k, and
 a seed promises reproducible outputs (greedy requests are the same whatever k is).
 
@@ -60,6 +65,9 @@ EXPLORE_EVERY = 64
 # per-step cost once drafting is on, nor a row count that leaves a faster kernel path; near-even bets lose.
 MARGIN = 1.15
 MIN_FIT_STEPS = 4
+# Before a tree is verified: a tree's accepted tokens relative to the chain's (the shipped heads' measure on the
+# report split, BENCHMARKS.md §21: 1.24-1.31x).
+TREE_GAIN_PRIOR = 1.25
 TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
 
 
@@ -107,6 +115,7 @@ class FixedPolicy:
     def __init__(self, k: int) -> None:
         self.k = k
         self.propose_k = k
+        self.propose_tree = True  # with speculative_config.tree: the drafts made this step are a tree
         self.verified_k = [0] * (k + 1)  # decode steps (of one request) by drafts verified
         self.num_exploration_steps = 0
 
@@ -115,9 +124,9 @@ class FixedPolicy:
         for every request that decodes this step. Sets ``propose_k``: the drafts made during this step."""
         return {req.request_id: cap for req, cap in decode}
 
-    def observe_drafts(self, req: Request, num_valid: int, num_accepted: int) -> None:
-        """A decode step of ``req`` came back: it verified ``num_valid`` drafts (0: none) and accepted
-        ``num_accepted``."""
+    def observe_drafts(self, req: Request, num_valid: int, num_accepted: int, tree: bool = False) -> None:
+        """A decode step of ``req`` came back: it verified ``num_valid`` drafts (0: none; a tree's depth) and
+        accepted ``num_accepted``; ``tree``: the drafts were a tree."""
         self.verified_k[min(num_valid, self.k)] += 1
 
     def observe_step(self, so: SchedulerOutput, busy: bool) -> None:
@@ -134,7 +143,8 @@ class FixedPolicy:
 class AdaptivePolicy(FixedPolicy):
     name = "adaptive"
 
-    def __init__(self, k: int, method: str, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, k: int, method: str, clock: Callable[[], float] = time.perf_counter,
+                 tree_nodes: int = 0) -> None:
         super().__init__(k)
         self.clock = clock
         self._last: float | None = None  # when the previous step came back, while requests kept running
@@ -148,6 +158,12 @@ class AdaptivePolicy(FixedPolicy):
         self._verify_all_next = False  # exploring: drafts were asked for the next step, which verifies them all
         # request id -> (its temperature class, whether it is seeded and samples), learned once
         self._kind: dict[str, tuple[int, bool]] = {}
+        # Draft trees (``tree_nodes`` > 0): per temperature class, (accepted, verified depth) of a tree verify,
+        # as moving averages, started from the chain prior's expected tokens times TREE_GAIN_PRIOR.
+        self.tree_nodes = tree_nodes
+        chain = sum(prior ** (j + 1) for j in range(k))
+        self.tree_accepted = [[min(k, chain * TREE_GAIN_PRIOR), float(k)] for _ in TEMPERATURE_CLASSES]
+        self._since_tree = 0
 
     def _kind_of(self, req: Request) -> tuple[int, bool]:
         kind = self._kind.get(req.request_id)
@@ -220,12 +236,51 @@ class AdaptivePolicy(FixedPolicy):
         # A seed asks for reproducible outputs: which random numbers a sampled request consumes depends on its
         # k, so a seeded one is never varied (every draft, as under "fixed").
         want = [self.k if s else w for s, w in zip(seeded, want)]
+        if self.tree_nodes:
+            self.propose_tree = self._trees_pay(limits, want) or any(seeded)  # (a seed: never varied either)
+            if self.propose_tree and self.cost.fitted:  # a tree verifies every level a request may still use
+                want = [max(w, lim) for w, (_, lim) in zip(want, limits)]
         self.propose_k = max(want)
         return {req.request_id: min(w, cap) for (req, cap), w in zip(decode, want)}
 
-    def observe_drafts(self, req: Request, num_valid: int, num_accepted: int) -> None:
+    def _trees_pay(self, limits: list[tuple[Request, int]], want: list[int]) -> bool:
+        """Whether the next step verifies trees rather than the chains ``want`` chose (or no drafts, which
+        ``want`` then is): the expected tokens per second of each under the fitted cost (a tree's ``tree_nodes`` rows, its accepted tokens by temperature
+        class). Until the cost is fitted, trees (what was asked for); every ``EXPLORE_EVERY`` steps without
+        trees, one with them, so their estimate never freezes."""
+        if not self.cost.fitted:
+            return True
+        self._since_tree += 1
+        if self._since_tree >= EXPLORE_EVERY:
+            self._since_tree = 0
+            return True
+        fixed, per_row = self.cost.fixed, self.cost.per_row
+        n = len(limits)
+        chain_tokens, tree_tokens, tree_rows = float(n), float(n), n
+        for (req, limit), w in zip(limits, want):
+            alpha, g = self._alpha(req), 1.0
+            for j in range(w):
+                g *= alpha[j]
+                chain_tokens += g
+            if limit:
+                acc, depth = self.tree_accepted[self._kind[req.request_id][0]]
+                tree_tokens += acc * min(1.0, limit / max(depth, 1e-9))
+                tree_rows += self.tree_nodes
+        chain_rate = chain_tokens / (fixed + per_row * (n + sum(want)))
+        tree_rate = tree_tokens / (fixed + per_row * tree_rows)
+        if tree_rate > MARGIN * chain_rate:
+            self._since_tree = 0
+            return True
+        return False
+
+    def observe_drafts(self, req: Request, num_valid: int, num_accepted: int, tree: bool = False) -> None:
         self.verified_k[min(num_valid, self.k)] += 1
         if num_valid <= 0:
+            return
+        if tree:  # a tree's acceptance is not a chain's per-position one: its own estimate
+            t = self.tree_accepted[self._kind_of(req)[0]]
+            t[0] += GLOBAL_WEIGHT * (num_accepted - t[0])
+            t[1] += GLOBAL_WEIGHT * (num_valid - t[1])
             return
         cls = self.by_class[self._kind_of(req)[0]]
         own = self._own(req.request_id)
@@ -245,7 +300,7 @@ class AdaptivePolicy(FixedPolicy):
         # Decode-only steps (every request: one token plus its drafts) fit the cost of a logits row.
         if self._last is not None and all(n == 1 + len(spec.get(r, ())) and r in sampling
                                           for r, n in so.num_scheduled_tokens.items()):
-            self.cost.observe(so.total_num_scheduled_tokens, now - self._last)
+            self.cost.observe(so.total_num_scheduled_tokens + so.num_tree_rows, now - self._last)
         self._last = now if busy else None
 
     def forget(self, request_id: str) -> None:
@@ -256,10 +311,13 @@ class AdaptivePolicy(FixedPolicy):
         out = super().as_dict()
         out["cost"] = self.cost.as_dict()
         out["acceptance_by_temperature"] = {name: list(a) for name, a in zip(TEMPERATURE_CLASSES, self.by_class)}
+        if self.tree_nodes:
+            out["tree_accepted_by_temperature"] = {name: t[0] for name, t in zip(TEMPERATURE_CLASSES, self.tree_accepted)}
         return out
 
 
-def make_policy(name: str, k: int, method: str, clock: Callable[[], float] = time.perf_counter) -> FixedPolicy:
+def make_policy(name: str, k: int, method: str, clock: Callable[[], float] = time.perf_counter,
+                tree_nodes: int = 0) -> FixedPolicy:
     if name not in POLICIES:
         raise ValueError(f"speculative_config.policy must be one of {POLICIES}, got {name!r}")
-    return AdaptivePolicy(k, method, clock) if name == "adaptive" else FixedPolicy(k)
+    return AdaptivePolicy(k, method, clock, tree_nodes) if name == "adaptive" else FixedPolicy(k)

@@ -320,7 +320,8 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         num_lookahead_tokens=lookahead,
         tree_nodes=tree.max_nodes if tree is not None else 0,
         kv_group_windows=tuple(w for w, _ in kv_cache_groups(plan.args.layer_windows, plan.args.num_hidden_layers)),
-        spec_policy=(make_policy(config.speculative.policy, k, config.speculative.method)
+        spec_policy=(make_policy(config.speculative.policy, k, config.speculative.method,
+                                 tree_nodes=tree.max_nodes if tree is not None else 0)
                      if config.speculative else None),
     )
     core = EngineCore(

@@ -15,8 +15,9 @@ The host knows every shape (query lengths come from the scheduler). Sequence len
 host unless the request's previous step is not reconciled yet; then the host carries an upper bound
 (the scheduler's logical frontier) and the exact lengths travel as a device tensor.
 
-Draft trees (``tree_nodes`` > 0): a verify of k > 0 slots feeds the root and every node of the request's tree
-(``InputBatch.drafts`` / ``tree_depths`` / ``tree_bits``, written by the proposer): node j's row is written at
+Draft trees (``tree_nodes`` > 0): a tree verify (``SchedulerOutput.tree_req_ids``) feeds the root and every node
+of the request's tree (``InputBatch.drafts`` / ``tree_depths`` / ``tree_bits``, written by the proposer; a chain
+is stored the same way and feeds its k slots): node j's row is written at
 key ``frontier + 1 + j`` and rotated at ``frontier + depth``, and sees what its bits in ``tree_masks`` allow
 (every other row of the batch: causal, all bits). Nodes deeper than k are there but cannot be accepted.
 """
@@ -93,7 +94,7 @@ def prepare_inputs(
         exact = rid not in stale
         host_drafts = list(host_slots) if k and host_slots[0] != -1 else None  # type: ignore[index]
         known = n - k
-        rows = known + tree_nodes if k and tree_nodes else n  # a tree verify: the root and every node
+        rows = known + tree_nodes if rid in so.tree_req_ids else n  # a tree verify: the root and every node
         start_ub = st.num_computed_tokens if exact else logical.get(rid, st.num_computed_tokens)
         if exact and start_ub + known > len(st.prompt_token_ids) + len(st.output_token_ids):
             raise RuntimeError(

@@ -189,7 +189,7 @@ class ModelRunner:
             drafts, applied = None, False
             if self.tree is not None and (sampling or kv_pass):
                 with tr.span("propose", track="device", step=so.step_id, reqs=len(sampling), k=k_step):
-                    drafts = self.tree.propose(step, fwd, verdict, k_step if kv_pass else None)
+                    drafts = self.tree.propose(step, fwd, verdict, k_step if kv_pass else None, so.draft_trees)
             elif self.k and (sampling or kv_pass):
                 drafts, applied = self._propose(so.step_id, step, sampled, fwd, k_step, kv_pass)
             pending = PendingStep(

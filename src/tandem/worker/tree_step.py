@@ -56,12 +56,20 @@ def tree_bits(parents: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
 
 
 def store_trees(ib: InputBatch, slots: torch.Tensor, tree: DraftTree) -> None:
-    """The next trees of the requests in ``slots``: tokens as their drafts, parents, depths and row masks."""
-    n = tree.tokens.shape[1]
-    ib.drafts[slots, :n] = tree.tokens
-    ib.tree_parents[slots] = tree.parents
-    ib.tree_depths[slots] = tree.depths
-    ib.tree_bits[slots] = tree_bits(tree.parents, tree.depths)
+    """The next trees of the requests in ``slots``: tokens as their drafts, parents, depths and row masks. A
+    smaller tree (a chain) fills the first columns; the rest are nodes no verify accepts (below every depth)."""
+    tokens, parents, depths = tree
+    batch, n = tokens.shape
+    width = ib.tree_parents.shape[1]
+    if n < width:
+        pad = (batch, width - n)
+        tokens = torch.cat([tokens, tokens.new_full(pad, -1)], dim=1)
+        parents = torch.cat([parents, parents.new_zeros(pad)], dim=1)
+        depths = torch.cat([depths, depths.new_full(pad, ib.drafts.shape[1] + 1)], dim=1)
+    ib.drafts[slots, :width] = tokens
+    ib.tree_parents[slots] = parents
+    ib.tree_depths[slots] = depths
+    ib.tree_bits[slots] = tree_bits(parents, depths)
 
 
 def verify_trees(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata, plans: list[RequestPlan],
@@ -113,6 +121,8 @@ class TreeSteps:
     def __init__(self, drafter: TreeDrafter, kv: KVCache, max_model_len: int) -> None:
         self.drafter, self.kv, self.max_model_len = drafter, kv, max_model_len
         self.depth = drafter.shape.depth
+        # the chain the speculation policy may choose instead, drafted and verified by the same machinery
+        self.chain = TreeDrafter(drafter.proposer, TreeShape(1, self.depth, self.depth))
         self.num_nodes = drafter.shape.max_nodes
         self.batch: InputBatch | None = None  # the runner's (set once it exists)
         self.sampler: Sampler | None = None
@@ -145,11 +155,12 @@ class TreeSteps:
         base = step.base.index_select(0, torch.tensor(step.sampling_index, device=step.base.device))
         move_accepted(self.kv, self.batch, step.sampling, base, verdict)
 
-    def propose(self, step: StepInputs, fwd: object, verdict: TreeVerdict | None, num_drafts: int | None
-                ) -> torch.Tensor:
-        """The head's pass and the next trees (``tree_propose``), stored in the batch; returns the drafts
-        ``[B, N]`` of the sampling requests (-1 where none were drafted). ``num_drafts`` None: a decode-only step
-        that drafts nothing; the head does not run (as for chains)."""
+    def propose(self, step: StepInputs, fwd: object, verdict: TreeVerdict | None, num_drafts: int | None,
+                trees: bool = True) -> torch.Tensor:
+        """The head's pass and the next trees (``tree_propose``; ``trees`` False: chains, the policy's choice),
+        stored in the batch; returns the drafts ``[B, N]`` of the sampling requests (-1 where none were
+        drafted). ``num_drafts`` None: a decode-only step that drafts nothing; the head does not run (as for
+        chains)."""
         assert self.batch is not None
         ib, plans = self.batch, step.sampling
         tree = None
@@ -158,11 +169,12 @@ class TreeSteps:
             hidden = {-1: fwd.hidden_states}  # type: ignore[attr-defined]
             for layer, h in zip(prop.aux_hidden_layers, fwd.aux_hidden_states):  # type: ignore[attr-defined]
                 hidden[layer] = h
-            tree = propose_tree(self.drafter, step, ib, hidden, verdict, num_drafts, self.max_model_len)
+            drafter = self.drafter if trees else self.chain
+            tree = propose_tree(drafter, step, ib, hidden, verdict, num_drafts, self.max_model_len)
         slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=ib.drafts.device)
         if tree is None:
             drafts = torch.full((len(plans), self.num_nodes), -1, dtype=torch.int64, device=ib.drafts.device)
             ib.set_drafts(slots, drafts)
             return drafts
         store_trees(ib, slots, tree)
-        return tree.tokens
+        return ib.drafts.index_select(0, slots)
