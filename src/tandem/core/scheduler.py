@@ -8,8 +8,9 @@ admitted running request is preempted (recompute: its blocks are freed; it re-en
 Ledger writes (docs/SEMANTICS.md §2-3), all in this file:
 - schedule: ``C += n``; ``PH += 1 + drafts`` for a step that samples; ``spec_token_ids`` consumed;
   an ``InFlightStep`` remembers what was promised.
-- update_from_output: ``C -= rejected``; ``PH -= 1 + drafts``; tokens appended one by one with stop checks;
-  tokens after a stop are dropped and C trimmed by them; blocks before the completed frontier cached.
+- update_from_output (one request's part in ``core/commit.py``): ``C -= rejected``; ``PH -= 1 + drafts``; tokens
+  appended one by one with stop checks; tokens after a stop are dropped and C trimmed by them; blocks before the
+  completed frontier cached.
 - preempt: blocks freed, ``C = PH = 0``, drafts and in-flight records dropped, ``epoch += 1`` so outputs of
   steps scheduled before the preemption are recognised as stale and change nothing.
 
@@ -27,10 +28,10 @@ from tandem.core.interface import (CachedRequestData, EngineCoreOutput, ModelRun
                                    SchedulerOutput)
 from tandem.core.kv_cache_manager import KVCacheManager
 from tandem.core.limits import draft_slots
+from tandem.core.commit import commit_step
 from tandem.core.request import InFlightStep, InvariantError, Request, RequestStatus
 from tandem.core.spec_policy import FixedPolicy
 from tandem.core.stats import SchedulerCounters
-from tandem.core.stop import check_stop
 
 RUNNING = RequestStatus.RUNNING
 
@@ -340,7 +341,7 @@ class Scheduler:
             if step.step_id != step_id:
                 raise InvariantError(f"{rid}: output of step {step_id}, expected {step.step_id}")
             idx = index.get(rid)
-            result = self._commit(req, step, [] if idx is None else out.sampled_token_ids[idx], out, idx)
+            result = commit_step(self, req, step, [] if idx is None else out.sampled_token_ids[idx], out, idx)
             if result is None:
                 continue
             results.append(result)
@@ -352,67 +353,6 @@ class Scheduler:
         if self.num_spec_tokens:
             self.spec_policy.observe_step(so, bool(self.running))
         return results
-
-    def _commit(
-        self,
-        req: Request,
-        step: InFlightStep,
-        sampled: list[int],
-        out: ModelRunnerOutput,
-        idx: int | None,
-    ) -> EngineCoreOutput | None:
-        prompt_lp = out.prompt_logprobs.get(req.request_id) if out.prompt_logprobs else None
-        if not step.samples:
-            if sampled:
-                raise InvariantError(f"{req.request_id}: tokens returned for a prefill chunk")
-            self.kv.cache_blocks(req, req.completed_frontier)
-            if prompt_lp is None:
-                return None
-            return EngineCoreOutput(req.request_id, [], prompt_logprobs=prompt_lp)
-        if not 1 <= len(sampled) <= step.num_drafts + 1:
-            raise InvariantError(
-                f"{req.request_id}: {len(sampled)} tokens returned for {step.num_drafts} drafts"
-            )
-        num_accepted = len(sampled) - 1
-        req.num_computed_tokens -= step.num_drafts - num_accepted
-        req.num_output_placeholders -= step.num_placeholders
-        num_valid = step.num_drafts
-        num_invalid = 0
-        if step.num_drafts:  # (a step without draft slots changes no statistic)
-            if out.num_valid_drafts is not None and idx is not None:
-                num_valid = out.num_valid_drafts[idx]
-            if out.num_invalid_spec_tokens is not None and idx is not None:
-                num_invalid = out.num_invalid_spec_tokens[idx]
-            if num_valid > 0 or num_invalid:
-                req.spec_stats.observe(num_valid, num_accepted, num_invalid)
-                self.counters.spec.observe(num_valid, num_accepted, num_invalid)
-        if self.num_spec_tokens and step.num_scheduled == step.num_drafts + 1:  # a decode step
-            self.spec_policy.observe_drafts(req, num_valid, num_accepted, step.tree)
-        logprobs = out.logprobs[idx] if out.logprobs is not None and idx is not None else None
-
-        new_tokens = sampled
-        status = None
-        for j, token in enumerate(sampled):
-            req.output_token_ids.append(token)
-            status = check_stop(req, token)
-            if status is not None:
-                req.status = status
-                new_tokens = sampled[: j + 1]
-                req.num_computed_tokens -= len(sampled) - len(new_tokens)  # drop the rest
-                break
-        self.counters.num_generation_tokens += len(new_tokens)
-        if status is None:
-            self.kv.cache_blocks(req, req.completed_frontier)
-            if out.spec_token_ids is not None and idx is not None:
-                req.spec_token_ids = list(out.spec_token_ids[idx])
-        return EngineCoreOutput(
-            req.request_id, list(new_tokens),
-            new_logprobs=logprobs[: len(new_tokens)] if logprobs is not None else None, prompt_logprobs=prompt_lp,
-            finish_reason=status.finish_reason if status is not None else None, stop_reason=req.stop_reason,
-            num_cached_tokens=max(req.num_cached_tokens, 0), num_draft_tokens=num_valid,
-            num_accepted_tokens=num_accepted, first_scheduled_time=req.first_scheduled_time,
-            pooled=out.pooled.get(req.request_id) if out.pooled else None,
-        )
 
     # -- invariants ------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
