@@ -30,11 +30,14 @@ REPORT_SPLIT = range(100, 164)
 
 
 def arm_config(name: str, method: str, k: int, c: int) -> dict[str, Any]:
+    """Arms: ``none``, ``chain``, ``TOP_K,MAX_NODES`` (trees; policy fixed), ``adaptive:TOP_K,MAX_NODES`` (trees
+    configured, the adaptive policy choosing per step between no drafts, chains and trees)."""
     spec: dict[str, Any] | None = None
     if name != "none":
-        spec = {"method": method, "num_speculative_tokens": k, "policy": "fixed"}
-        if name != "chain":
-            top_k, max_nodes = (int(x) for x in name.split(","))
+        adaptive, _, shape = name.rpartition(":")
+        spec = {"method": method, "num_speculative_tokens": k, "policy": "adaptive" if adaptive else "fixed"}
+        if shape != "chain":
+            top_k, max_nodes = (int(x) for x in shape.split(","))
             spec["tree"] = {"top_k": top_k, "max_nodes": max_nodes}
     return {"max_num_seqs": c, "speculative_config": spec, "max_model_len": 2048}
 
@@ -43,7 +46,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--method", default="eagle3", choices=["eagle", "eagle3", "mtp"])
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens: the chain's length, the trees' depth")
-    ap.add_argument("--trees", nargs="+", default=["2,4", "2,6", "4,16"], help="top_k,max_nodes")
+    ap.add_argument("--trees", nargs="+", default=["2,4", "2,6", "4,16", "adaptive:4,16"],
+                    help="top_k,max_nodes (policy fixed), or adaptive:top_k,max_nodes")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--prompts", type=int, default=16, help="first N prompts of the report split")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -88,7 +92,7 @@ def main() -> None:
     if ns.plot:
         groups = [f"c={c}" for c in ns.concurrency]
         series = {n: [r["speedup_vs_none"] for r in out["results"] if r["arm"] == n] for n in names[1:]}
-        grouped_bars(ns.plot, groups, {("tree " + n if n != "chain" else "chain"): v for n, v in series.items()},
+        grouped_bars(ns.plot, groups, {(n if n == "chain" or ":" in n else "tree " + n): v for n, v in series.items()},
                      "decode speed-up vs no speculation", f"{ns.method}: draft trees vs the chain (engine)")
 
 

@@ -186,6 +186,13 @@ def test_steps_drafting_trees_and_chains_mix_exactly(setup: dict[str, Any], asyn
             return _inner(*a, **kw)
 
         drafter.draft = counted  # type: ignore[method-assign]
+    store_chains = steps.store_chains  # chains after chains: the chain proposer's, stored as chain trees
+
+    def counted_chains(*a: Any) -> None:
+        calls["chain"] += 1
+        store_chains(*a)
+
+    steps.store_chains = counted_chains  # type: ignore[method-assign]
     out = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
     assert out == ref
     assert calls["tree"] > 5 and calls["chain"] > 5, calls

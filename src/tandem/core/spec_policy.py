@@ -34,8 +34,9 @@ them (drafted in that step, verified in the next) — so the estimate never free
 
 With draft trees (``speculative_config.tree``) the policy also chooses, per step, whether the drafts made in it
 are trees or chains: trees when their expected rate beats the chains' by ``MARGIN`` under the same cost fit (a
-tree verify is ``1 + max_nodes`` rows; its accepted tokens a moving average per temperature class, started at
-``TREE_GAIN_PRIOR`` times the chain's prior). ``fixed`` always drafts trees.
+tree verify is ``1 + max_nodes`` rows, plus what tree steps cost beyond the line — their drafting — as a moving
+average of their residuals, tree steps being kept out of the line's fit; its accepted tokens a moving average per
+temperature class, started at ``TREE_GAIN_PRIOR`` times the chain's prior). ``fixed`` always drafts trees.
 
 A request with a seed and a temperature is never varied: the random numbers it consumes depend on its k, and
 a seed promises reproducible outputs (greedy requests are the same whatever k is).
@@ -68,6 +69,7 @@ MIN_FIT_STEPS = 4
 # Before a tree is verified: a tree's accepted tokens relative to the chain's (the shipped heads' measure on the
 # report split, BENCHMARKS.md §21: 1.24-1.31x).
 TREE_GAIN_PRIOR = 1.25
+TREE_EXTRA_WEIGHT = 0.2  # EWMA weight of one tree step's cost beyond the fitted line
 TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
 
 
@@ -163,7 +165,10 @@ class AdaptivePolicy(FixedPolicy):
         self.tree_nodes = tree_nodes
         chain = sum(prior ** (j + 1) for j in range(k))
         self.tree_accepted = [[min(k, chain * TREE_GAIN_PRIOR), float(k)] for _ in TEMPERATURE_CLASSES]
-        self._since_tree = 0
+        self._since_tree = EXPLORE_EVERY - 8  # a first tree step soon after the line is fitted
+        # What a step that drafts or verifies trees costs beyond the fitted line for its rows (the trees' own
+        # drafting, their masks): a moving average of those steps' residuals. They stay out of the line's fit.
+        self.tree_extra = 0.0
 
     def _kind_of(self, req: Request) -> tuple[int, bool]:
         kind = self._kind.get(req.request_id)
@@ -246,10 +251,10 @@ class AdaptivePolicy(FixedPolicy):
     def _trees_pay(self, limits: list[tuple[Request, int]], want: list[int]) -> bool:
         """Whether the next step verifies trees rather than the chains ``want`` chose (or no drafts, which
         ``want`` then is): the expected tokens per second of each under the fitted cost (a tree's ``tree_nodes`` rows, its accepted tokens by temperature
-        class). Until the cost is fitted, trees (what was asked for); every ``EXPLORE_EVERY`` steps without
-        trees, one with them, so their estimate never freezes."""
+        class). Until the line is fitted, chains (tree steps stay out of its fit); every ``EXPLORE_EVERY`` steps
+        without trees (the first soon after the fit), one with them, so their estimates never freeze."""
         if not self.cost.fitted:
-            return True
+            return False
         self._since_tree += 1
         if self._since_tree >= EXPLORE_EVERY:
             self._since_tree = 0
@@ -267,7 +272,7 @@ class AdaptivePolicy(FixedPolicy):
                 tree_tokens += acc * min(1.0, limit / max(depth, 1e-9))
                 tree_rows += self.tree_nodes
         chain_rate = chain_tokens / (fixed + per_row * (n + sum(want)))
-        tree_rate = tree_tokens / (fixed + per_row * tree_rows)
+        tree_rate = tree_tokens / (fixed + per_row * tree_rows + self.tree_extra)
         if tree_rate > MARGIN * chain_rate:
             self._since_tree = 0
             return True
@@ -300,7 +305,13 @@ class AdaptivePolicy(FixedPolicy):
         # Decode-only steps (every request: one token plus its drafts) fit the cost of a logits row.
         if self._last is not None and all(n == 1 + len(spec.get(r, ())) and r in sampling
                                           for r, n in so.num_scheduled_tokens.items()):
-            self.cost.observe(so.total_num_scheduled_tokens + so.num_tree_rows, now - self._last)
+            rows, seconds = so.total_num_scheduled_tokens + so.num_tree_rows, now - self._last
+            if so.num_tree_rows or so.draft_trees:
+                if self.cost.fitted:
+                    residual = seconds - (self.cost.fixed + self.cost.per_row * rows)
+                    self.tree_extra += TREE_EXTRA_WEIGHT * (residual - self.tree_extra)
+            else:
+                self.cost.observe(rows, seconds)
         self._last = now if busy else None
 
     def forget(self, request_id: str) -> None:
@@ -313,6 +324,7 @@ class AdaptivePolicy(FixedPolicy):
         out["acceptance_by_temperature"] = {name: list(a) for name, a in zip(TEMPERATURE_CLASSES, self.by_class)}
         if self.tree_nodes:
             out["tree_accepted_by_temperature"] = {name: t[0] for name, t in zip(TEMPERATURE_CLASSES, self.tree_accepted)}
+            out["tree_extra_s"] = self.tree_extra
         return out
 
 

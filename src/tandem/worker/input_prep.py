@@ -152,7 +152,7 @@ def prepare_inputs(
         draft_col = row_draft_t.clamp(min=0)
         drafts = ib.drafts[row_slot_t, draft_col]
         ids = torch.where(row_draft_t >= 0, drafts, history)
-        if tree_nodes and spec:  # node j (draft row j) rotates at its depth: key - (j + 1) + depth
+        if so.tree_req_ids:  # node j (draft row j) rotates at its depth: key - (j + 1) + depth
             is_node = row_draft_t >= 0
             positions = keys + torch.where(is_node, ib.tree_depths[row_slot_t, draft_col] - draft_col - 1, 0)
             tree_masks = torch.where(is_node, ib.tree_bits[row_slot_t, draft_col + 1], -1)

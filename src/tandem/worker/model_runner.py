@@ -187,11 +187,13 @@ class ModelRunner:
                 assert self.tree is not None
                 self.tree.move_accepted(step, verdict)
             drafts, applied = None, False
-            if self.tree is not None and (sampling or kv_pass):
+            if self.tree is not None and (sampling or kv_pass) and (so.draft_trees or so.tree_req_ids):
                 with tr.span("propose", track="device", step=so.step_id, reqs=len(sampling), k=k_step):
                     drafts = self.tree.propose(step, fwd, verdict, k_step if kv_pass else None, so.draft_trees)
             elif self.k and (sampling or kv_pass):
                 drafts, applied = self._propose(so.step_id, step, sampled, fwd, k_step, kv_pass)
+                if self.tree is not None:  # chains after chains (the policy's choice): stored as chain trees
+                    self.tree.store_chains(step.sampling, drafts)
             pending = PendingStep(
                 step_id=so.step_id,
                 req_ids=[p.req_id for p in step.plans],

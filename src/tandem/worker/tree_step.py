@@ -80,14 +80,15 @@ def verify_trees(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata,
     device = logits.device
     counts = [len(p.sample_rows) for p in plans]
     starts = list(accumulate(counts, initial=0))[:-1]
-    n = ib.tree_parents.shape[1]
+    n = max(counts) - 1  # the nodes any request fed: N with a tree verify, a chain's k without one
     slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=device)
     last = torch.tensor(counts, dtype=torch.int64, device=device).unsqueeze(1) - 1
     index = torch.tensor(starts, dtype=torch.int64, device=device).unsqueeze(1) + torch.minimum(
         torch.arange(n + 1, device=device), last)  # [B, N + 1]: a request without a tree repeats its one row
     k = torch.tensor([p.num_slots for p in plans], dtype=torch.int64, device=device).unsqueeze(1)
-    parents = ib.tree_parents.index_select(0, slots)
-    tokens = torch.where(ib.tree_depths.index_select(0, slots) <= k, ib.drafts.index_select(0, slots)[:, :n], -1)
+    parents = ib.tree_parents.index_select(0, slots)[:, :n]
+    depths = ib.tree_depths.index_select(0, slots)[:, :n]
+    tokens = torch.where(depths <= k, ib.drafts.index_select(0, slots)[:, :n], -1)
     if meta.all_greedy:
         return greedy_tree_verify(sampler.greedy_token_ids(logits, meta)[index], tokens, parents, depth)
     probs = sampler.compute_probs(logits, meta)[index]  # [B, N + 1, V]
@@ -152,8 +153,20 @@ class TreeSteps:
 
     def move_accepted(self, step: StepInputs, verdict: TreeVerdict) -> None:
         assert self.batch is not None
+        if all(p.num_known + p.num_slots == p.num_tokens for p in step.sampling):
+            return  # chains only: an accepted node is already at its key
         base = step.base.index_select(0, torch.tensor(step.sampling_index, device=step.base.device))
         move_accepted(self.kv, self.batch, step.sampling, base, verdict)
+
+    def store_chains(self, plans: list[RequestPlan], drafts: torch.Tensor) -> None:
+        """Chains the chain proposer drafted (``[B, k]``, -1 padded) as trees, for the next step's verify."""
+        assert self.batch is not None
+        batch, k = drafts.shape
+        device = drafts.device
+        parents = torch.arange(k, device=device).expand(batch, -1)
+        depths = torch.arange(1, k + 1, device=device).expand(batch, -1)
+        slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=device)
+        store_trees(self.batch, slots, DraftTree(drafts, parents.contiguous(), depths.contiguous()))
 
     def propose(self, step: StepInputs, fwd: object, verdict: TreeVerdict | None, num_drafts: int | None,
                 trees: bool = True) -> torch.Tensor:
