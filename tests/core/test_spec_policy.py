@@ -94,6 +94,18 @@ def test_trees_are_drafted_when_their_rate_beats_the_chains():
     assert set(pol.plan(decode).values()) == {0} and not pol.propose_tree and pol.propose_k == 0
 
 
+def test_trees_too_dear_even_at_full_acceptance_are_not_explored():
+    pol = _tree_policy(3e-3, 0.5e-3, tree_accepted=2.0)
+    pol._since_tree = 0
+    pol.tree_extra = 50e-3  # a tree step off the fast kernels: ten times a decode
+    for _ in range(3 * EXPLORE_EVERY):
+        pol.plan([(_Req("a"), 3)])
+        assert not pol.propose_tree
+    pol.tree_extra = 0.0  # cheap again (a smaller batch): exploring resumes, and trees that pay are chosen
+    pol.plan([(_Req("a"), 3)])
+    assert pol.propose_tree
+
+
 def test_tree_verifies_teach_the_tree_estimate_not_the_chains():
     pol = _tree_policy(10e-3, 0.1e-3, tree_accepted=1.0)
     req = _Req("a")

@@ -250,18 +250,17 @@ class AdaptivePolicy(FixedPolicy):
 
     def _trees_pay(self, limits: list[tuple[Request, int]], want: list[int]) -> bool:
         """Whether the next step verifies trees rather than the chains ``want`` chose (or no drafts, which
-        ``want`` then is): the expected tokens per second of each under the fitted cost (a tree's ``tree_nodes`` rows, its accepted tokens by temperature
-        class). Until the line is fitted, chains (tree steps stay out of its fit); every ``EXPLORE_EVERY`` steps
-        without trees (the first soon after the fit), one with them, so their estimates never freeze."""
+        ``want`` then is): the expected tokens per second of each under the fitted cost (a tree's ``tree_nodes``
+        rows and its cost beyond them, its accepted tokens by temperature class). Until the line is fitted,
+        chains (tree steps stay out of its fit). Every ``EXPLORE_EVERY`` steps without trees (the first soon
+        after the fit) one with them, so their estimates never freeze — unless trees could not win even if
+        they accepted every level (their cost alone rules them out: no exploration step is spent on them)."""
         if not self.cost.fitted:
             return False
         self._since_tree += 1
-        if self._since_tree >= EXPLORE_EVERY:
-            self._since_tree = 0
-            return True
         fixed, per_row = self.cost.fixed, self.cost.per_row
         n = len(limits)
-        chain_tokens, tree_tokens, tree_rows = float(n), float(n), n
+        chain_tokens, tree_tokens, best_tokens, tree_rows = float(n), float(n), float(n), n
         for (req, limit), w in zip(limits, want):
             alpha, g = self._alpha(req), 1.0
             for j in range(w):
@@ -270,10 +269,13 @@ class AdaptivePolicy(FixedPolicy):
             if limit:
                 acc, depth = self.tree_accepted[self._kind[req.request_id][0]]
                 tree_tokens += acc * min(1.0, limit / max(depth, 1e-9))
+                best_tokens += limit
                 tree_rows += self.tree_nodes
         chain_rate = chain_tokens / (fixed + per_row * (n + sum(want)))
-        tree_rate = tree_tokens / (fixed + per_row * tree_rows + self.tree_extra)
-        if tree_rate > MARGIN * chain_rate:
+        tree_seconds = fixed + per_row * tree_rows + self.tree_extra
+        if best_tokens / tree_seconds <= chain_rate:
+            return False
+        if tree_tokens / tree_seconds > MARGIN * chain_rate or self._since_tree >= EXPLORE_EVERY:
             self._since_tree = 0
             return True
         return False
