@@ -41,6 +41,18 @@ def test_row_bits_equal_the_host_rule() -> None:
         assert got == host_tree_bits(p), n
 
 
+def test_the_engine_plan_shows_the_tree(setup: dict[str, Any]) -> None:
+    import json
+
+    from tandem.engine.builder import plan_engine
+    from tandem.engine.llm import config_from_kwargs
+
+    spec, target, _ = setup["eagle"]
+    cfg = config_from_kwargs(str(target), speculative_config={**spec, "num_speculative_tokens": 3, "tree": TREE})
+    shown = json.loads(json.dumps(plan_engine(cfg, log=False).as_dict()))  # `tandem config --json`
+    assert shown["speculative_config"]["tree"] == TREE
+
+
 def test_tree_config_is_validated() -> None:
     with pytest.raises(ValueError, match="draft head"):
         SpeculativeConfig.from_any({"method": "ngram", "num_speculative_tokens": 3, "tree": TREE})

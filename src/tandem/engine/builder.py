@@ -8,7 +8,7 @@ weights, the runner and the executor.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tandem import overrides
@@ -70,7 +70,7 @@ class EnginePlan:
             "executor_backend": self.config.parallel.executor_backend,
             "tensor_parallel_size": self.config.parallel.tensor_parallel_size,
             "speculative_config": (
-                None if self.config.speculative is None else self.config.speculative.__dict__
+                None if self.config.speculative is None else asdict(self.config.speculative)
             ),
             "async_scheduling": self.decision.as_dict(),
             "num_kv_blocks": self.num_kv_blocks,
