@@ -109,7 +109,7 @@ def test_tree_outputs_equal_greedy(setup: dict[str, Any], method: str, async_sch
     llm.shutdown()
 
 
-def _oracle(llm: LLM, truths: list[list[int]]) -> None:
+def _oracle(llm: LLM, truths: list[list[int]], narrow: bool = False) -> None:
     """Replace the head's trees (the head still runs) by trees whose right path is the *last* child at every
     depth, decoys before it: each step then accepts up to three nodes that are not first children, so their
     K/V rows move. Requests are told apart by their block tables."""
@@ -128,6 +128,11 @@ def _oracle(llm: LLM, truths: list[list[int]]) -> None:
             truth = next((t for t in truths if t[: root + 1] == context), [])
             c1, c2, c3 = (truth[root + 1 : root + 4] + [0, 0, 0])[:3]
             decoy = [(t + 1) % V for t in (c1, c2, c3)]
+            if narrow:  # as many nodes as levels, yet not a chain: 1: decoy, 2: c1 (root), 3: c2 (under 2)
+                tokens.append([decoy[0], c1, c2])
+                parents.append([0, 0, 2])
+                depths.append([1, 1, 2])
+                continue
             # 1: decoy, 2: c1 (root);  3: decoy, 4: c2 (under 2);  5: decoy, 6: c3 (under 4)
             tokens.append([decoy[0], c1, decoy[1], c2, decoy[2], c3])
             parents.append([0, 0, 2, 2, 4, 4])
@@ -151,6 +156,20 @@ def test_branches_off_the_first_child_move_kv_exactly(setup: dict[str, Any], asy
     assert out == greedy
     stats = llm.spec_decode_stats()
     assert stats["mean_acceptance_length"] > 3.0, stats  # three nodes accepted in most steps: rows moved
+    _check_idle(llm)
+    llm.shutdown()
+
+
+def test_a_tree_with_as_many_nodes_as_levels_still_moves_kv(setup: dict[str, Any]) -> None:
+    """top_k 2, 3 nodes, depth 3: the tree has the rows of a chain but is not one; its accepted nodes still move."""
+    spec, target, greedy = setup["eagle"]
+    cfg = {**spec, "num_speculative_tokens": 3, "tree": {"top_k": 2, "max_nodes": 3}, "policy": "fixed"}
+    llm = LLM(str(target), max_num_seqs=4, speculative_config=cfg)
+    tok = setup["tok"]
+    _oracle(llm, [tok.encode(p) + g for p, g in zip(PROMPTS, greedy)], narrow=True)
+    out = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, setup["params"])]
+    assert out == greedy
+    assert llm.spec_decode_stats()["mean_acceptance_length"] > 2.5  # two nodes accepted, off the first child
     _check_idle(llm)
     llm.shutdown()
 

@@ -50,6 +50,7 @@ class RequestPlan:
     sample_rows: list[int] = field(default_factory=list)  # rows whose logits sample (last known + one per slot)
     prompt_logprob_rows: list[int] = field(default_factory=list)
     prompt_logprob_start: int = 0  # prompt position of the first prompt-logprob row
+    tree: bool = False  # a tree verify: its rows are the root and every node of its tree
 
 
 @dataclass(slots=True)
@@ -112,7 +113,8 @@ def prepare_inputs(
             raise RuntimeError(f"{rid}: draft slots scheduled on a step that does not sample")
         else:
             sample_rows = []
-        plan = RequestPlan(st, rid, slot, row, rows, k, known, samples, exact, host_drafts, sample_rows, [])
+        plan = RequestPlan(st, rid, slot, row, rows, k, known, samples, exact, host_drafts, sample_rows, [],
+                           tree=rid in so.tree_req_ids)
         if st.sampling_params.prompt_logprobs is not None and exact:
             # Row at position p predicts prompt token p + 1 (prefill chunks are always host-exact).
             last = min(start_ub + known, st.num_prompt_tokens - 1)

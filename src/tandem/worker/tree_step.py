@@ -153,7 +153,7 @@ class TreeSteps:
 
     def move_accepted(self, step: StepInputs, verdict: TreeVerdict) -> None:
         assert self.batch is not None
-        if all(p.num_known + p.num_slots == p.num_tokens for p in step.sampling):
+        if not any(p.tree for p in step.sampling):
             return  # chains only: an accepted node is already at its key
         base = step.base.index_select(0, torch.tensor(step.sampling_index, device=step.base.device))
         move_accepted(self.kv, self.batch, step.sampling, base, verdict)
