@@ -187,11 +187,7 @@ class CausalLM(nn.Module):
         return total_nbytes(ws)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        w, quant = self.embed_tokens, self.linear.quant
-        if quant is not None and isinstance(w, BlockQuantWeight):  # one rank holds every row (block_quant refuses more)
-            x = quant.rows(w, ids)
-        else:
-            x = vocab_parallel_embedding(ids, w, self.shard, self.comm, quant)
+        x = vocab_parallel_embedding(ids, self.embed_tokens, self.shard, self.comm, self.linear.quant)
         return x if self.embed_multiplier is None else x * self.embed_multiplier.to(x.device)
 
     @torch.inference_mode()

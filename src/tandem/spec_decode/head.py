@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.model.block_quant import BlockQuantWeight, embedding
+from tandem.model.block_quant import embedding
 from tandem.model.linear import LinearKernels, create_linear_kernels
 from tandem.model.quant import Int8Weight
 from tandem.model.rope import (
@@ -174,11 +174,7 @@ class DraftHead(nn.Module):
         """The decoder layer's residual stream ``[N, H]`` and its (normed) attention input ``[N, H or
         2H]``: the method's fusion of the tokens' embeddings and the features (table above)."""
         method, mm = self.cfg.method, self.linear
-        quant = self.linear.quant
-        if quant is not None and isinstance(self.embed, BlockQuantWeight):  # the target's blocks (gguf)
-            emb = quant.rows(self.embed, ids).to(self._dtype)
-        else:
-            emb = embedding(ids, self.embed, self._dtype, kernel=quant)
+        emb = embedding(ids, self.embed, self._dtype, kernel=self.linear.quant)
         if method == "eagle":
             residual = mm.linear(torch.cat([emb, feat], dim=-1), self.fc, self.vectors["fc.bias"])
             w = self.vectors["input_layernorm.weight"]

@@ -44,18 +44,17 @@ def propose_tree(drafter: TreeDrafter, step: StepInputs, ib: InputBatch, hidden:
     root_in_segment: list[int] = []  # per sampling plan: its last known row within its head segment
     for i, p in enumerate(step.plans):
         b = sampling_row.get(id(p), -1)
-        if p.samples and p.num_slots and verdict is not None:  # a tree verify: its accepted path
+        if p.samples and p.num_slots and verdict is not None:  # a verify (tree or chain): its accepted path
             n = 1 + p.num_slots
             target_row += [p.row_start + p.num_known - 1] * n
             offset += range(n)
             tree_b += [b] * n
-            seq_upper.append(batch.seq_lens[i])  # (an upper bound: the tree's rows reach further)
         else:
             n = p.num_tokens
             target_row += range(p.row_start, p.row_start + n)
             offset += [0] * n
             tree_b += [-1] * n
-            seq_upper.append(batch.seq_lens[i])
+        seq_upper.append(batch.seq_lens[i])  # (for a tree verify an upper bound: its rows reached further)
         if b >= 0:
             root_in_segment.append(p.sample_rows[0] - p.row_start)
         row_slot += [p.slot] * n
