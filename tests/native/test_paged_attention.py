@@ -270,3 +270,54 @@ def test_tree_steps_match_the_naive_reference_on_every_isa_variant(isa: str, hea
         meta = backend.build_metadata(batch, block_size)
         outs.append(backend.forward(q, k, v, kc, vc, meta, head_dim**-0.5))
     assert (outs[0] - outs[1]).abs().max().item() < 1e-5, (isa, head_dim)
+
+
+@needs_cc
+@pytest.mark.parametrize("isa", native.runnable_isas())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tree_row_gives_the_same_bits_as_a_decode_of_its_branch(isa: str, dtype: torch.dtype) -> None:
+    """A tree row's keys are its ancestors, at later key indices than their positions; the kernel cuts its
+    chunks by position and runs its visible scores through a decode's code, so each row — off the first child
+    at several depths, trees straddling a chunk boundary by index or by position, after several chunks —
+    equals bit for bit a decode at its position over its branch written in sequence (greedy speculation with
+    trees is then exactly no speculation)."""
+    from tandem.worker.tree_step import tree_bits
+
+    kernel = PagedAttentionKernel(native.load("paged_attention", isa))
+    gen = torch.Generator().manual_seed(7)
+    bs, kvh, heads, hd, blocks = 16, 3, 9, 64, 64
+    cache_k = torch.randn(blocks, bs, kvh, hd, generator=gen).to(dtype)
+    cache_v = torch.randn(blocks, bs, kvh, hd, generator=gen).to(dtype)
+    perm = torch.randperm(blocks, generator=gen)
+    tree_table, branch_table = perm[:24].view(1, -1).contiguous(), perm[24:48].view(1, -1).contiguous()
+    # nodes numbered by depth (tandem's trees): parent of node j (0: the root); depths 1 1 2 2 2 3 3 4 4 5 5 6
+    parents = [0, 0, 2, 1, 2, 3, 5, 7, 6, 9, 8, 11]
+    depths = [1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5, 6]
+    bits = tree_bits(torch.tensor([parents]), torch.tensor([depths]))[0]
+    rows = len(parents) + 1
+    i64 = lambda *x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+
+    def slot(table: torch.Tensor, pos: int) -> tuple[int, int]:
+        return int(table[0, pos // bs]), pos % bs
+
+    # roots at 60 (rows straddle key 64 by index and by position), 121 (by index only), 250 (several chunks)
+    for ctx in (60, 121, 250):
+        q = torch.randn(rows, heads, hd, generator=gen).to(dtype)
+        out = torch.empty_like(q)
+        ix = kernel.indices(tree_table, i64(ctx + rows), [0], [0], [rows], rows, tree_masks=bits.clone())
+        kernel(q, out, cache_k, cache_v, ix, hd**-0.5)
+        for pos in range(ctx):  # the branch's cache: the same context, then the branch in sequence
+            cache_k[slot(branch_table, pos)] = cache_k[slot(tree_table, pos)]
+            cache_v[slot(branch_table, pos)] = cache_v[slot(tree_table, pos)]
+        for j in range(rows):
+            branch, node = [], j
+            while node:
+                branch.append(node)
+                node = parents[node - 1]
+            for depth, node in enumerate([0, *reversed(branch)]):
+                cache_k[slot(branch_table, ctx + depth)] = cache_k[slot(tree_table, ctx + node)]
+                cache_v[slot(branch_table, ctx + depth)] = cache_v[slot(tree_table, ctx + node)]
+            decode = torch.empty_like(q[:1])
+            dx = kernel.indices(branch_table, i64(ctx + len(branch) + 1), [0], [0], [1], 1)
+            kernel(q[j : j + 1].contiguous(), decode, cache_k, cache_v, dx, hd**-0.5)
+            assert torch.equal(decode[0], out[j]), (isa, ctx, j)

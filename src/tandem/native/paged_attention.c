@@ -12,7 +12,8 @@
  * q_len queries and seq_len keys sits at position seq_len - q_len + j and sees keys 0 .. that position; with
  * a sliding window w > 0 only keys position - w + 1 .. position; in a tree step (tree_masks) a query sees,
  * of the 64 keys up to its own, those whose bits its mask sets (bit b: the key b before its own; its
- * ancestors, itself and the context), and every key before them. Chunks wholly before query 0's window are
+ * ancestors, itself and the context), and every key before them; its chunks are cut at its keys' positions
+ * (tree_chunk_start), so a tree row's result is the same bits as a decode of its branch. Chunks wholly before query 0's window are
  * not run at all (a decode at any length reads at most ceil(w / KEY_CHUNK) + 1 chunks), and a chunk a query
  * sees nothing of adds nothing to its merge, so the bits stay those of the query attended alone.
  * Scores, softmax and the weighted sum accumulate in float32 for both storage dtypes; a bf16 result is
@@ -75,35 +76,53 @@ static inline int64_t query_elem(const Problem *pb, const Task *t, int64_t i, in
     return (t->q_start + j) * row_stride + h * pb->head_dim;
 }
 
+/* Softmax numerators of pi[lo .. visible) (the rest of the row gets 0); the row's max and denominator. */
+__attribute__((noinline)) /* one compiled body for decodes and tree rows: the same bits */
+static void softmax_row(float *pi, int64_t lo, int64_t visible, int64_t len16, float *mx, float *den) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t pos = lo; pos < visible; pos++) m = pi[pos] > m ? pi[pos] : m;
+    if (m == -INFINITY) { /* nothing of this chunk visible to the query */
+        for (int64_t pos = 0; pos < len16; pos++) pi[pos] = 0.0f;
+        *mx = m;
+        *den = 0.0f;
+        return;
+    }
+    for (int64_t pos = 0; pos < lo; pos++) pi[pos] = 0.0f;
+    for (int64_t pos = lo; pos < visible; pos++) {
+        pi[pos] = expf(pi[pos] - m);
+        sum += pi[pos];
+    }
+    for (int64_t pos = visible; pos < len16; pos++) pi[pos] = 0.0f;
+    *mx = m;
+    *den = sum;
+}
+
 /* Softmax numerators of each query's scores over the chunk's keys it sees (query j of the request sees its
  * context + j + 1 keys, from its window's start); the rest get 0. Keeps each query's max and denominator for
- * the merge. */
+ * the merge. A tree row's visible scores are first packed to the row's front in key order — exactly the
+ * scores a decode at its position has in this chunk (its chunks are cut by position) — so the same code,
+ * on the same values at the same places, gives the same bits; then they go back to their keys. */
 static void softmax_rows(const Problem *pb, Task *t, int64_t nq) {
     for (int64_t i = 0; i < nq; i++) {
         const int64_t visible = clamp64(t->vis0 + i / pb->group + 1, 0, t->len);
         const int64_t lo = clamp64(t->lo0 + i / pb->group, 0, visible);
-        float *pi = t->p + i * t->len16, m = -INFINITY, sum = 0.0f;
-        if (t->tree) { /* of the 64 keys up to the query's own, those its bits clear */
-            const uint64_t bits = (uint64_t)t->tree[i / pb->group];
-            const int64_t own = t->vis0 + i / pb->group; /* chunk-relative; may lie past this chunk */
-            for (int64_t pos = own - 63 > lo ? own - 63 : lo; pos < visible; pos++)
-                if (!((bits >> (own - pos)) & 1)) pi[pos] = -INFINITY;
-        }
-        for (int64_t pos = lo; pos < visible; pos++) m = pi[pos] > m ? pi[pos] : m;
-        if (m == -INFINITY) { /* nothing of this chunk visible to the query */
-            for (int64_t pos = 0; pos < t->len16; pos++) pi[pos] = 0.0f;
-            t->mx[i] = m;
-            t->sum[i] = 0.0f;
+        float *pi = t->p + i * t->len16;
+        if (!t->tree) {
+            softmax_row(pi, lo, visible, t->len16, t->mx + i, t->sum + i);
             continue;
         }
-        for (int64_t pos = 0; pos < lo; pos++) pi[pos] = 0.0f;
-        for (int64_t pos = lo; pos < visible; pos++) {
-            pi[pos] = expf(pi[pos] - m);
-            sum += pi[pos];
-        }
-        for (int64_t pos = visible; pos < t->len16; pos++) pi[pos] = 0.0f;
-        t->mx[i] = m;
-        t->sum[i] = sum;
+        /* keys up to the query's own (chunk-relative; it may lie past this chunk): of its last 64, those its
+         * bits set; every one before. A row sees one key a position, so at most KEY_CHUNK here. */
+        const uint64_t bits = (uint64_t)t->tree[i / pb->group];
+        const int64_t own = t->vis0 + i / pb->group;
+        int64_t keep[KEY_CHUNK], n = 0;
+        float w[KEY_CHUNK];
+        for (int64_t pos = lo; pos < visible && n < KEY_CHUNK; pos++)
+            if (own - pos >= 64 || ((bits >> (own - pos)) & 1)) keep[n] = pos, pi[lo + n++] = pi[pos];
+        softmax_row(pi, lo, lo + n, t->len16, t->mx + i, t->sum + i);
+        memcpy(w, pi + lo, (size_t)n * sizeof(float));
+        for (int64_t pos = lo; pos < lo + n; pos++) pi[pos] = 0.0f;
+        for (int64_t k = 0; k < n; k++) pi[keep[k]] = w[k];
     }
 }
 
@@ -333,6 +352,37 @@ static void task_avx2(const Problem *pb, Task *t, int64_t nq, float *acc) {
 
 int tandem_paged_attention_abi(void) { return TANDEM_PAGED_ATTENTION_ABI; }
 
+/* Key positions in a tree step. A tree row's keys are its ancestors, which sit at later key indices than
+ * their positions (a node at depth d of a tree fed at index ctx is at position ctx + d, index ctx + j >= ctx + d),
+ * so chunks are cut by position: the chunk of positions [B, B + KEY_CHUNK) holds the context keys of those
+ * positions and the tree rows whose depth puts them there. Row j's depth is the count of the request's rows
+ * it sees (bits 0 .. j) minus itself, kept at most one past the row before's and never behind it: rows
+ * numbered by depth (tandem's trees, tandem/worker/tree_step.py) get their depths exactly, so each chunk is a
+ * run of consecutive key indices and a row sees in each chunk exactly the keys a decode at its position sees
+ * there, in the same order, with the same bits out. ``bits``: the request's ``ql`` <= 64 rows' masks. */
+static int64_t tree_depth(const int64_t *bits, int64_t j, int64_t before) {
+    const int64_t d = __builtin_popcountll((uint64_t)bits[j] & ((2ULL << j) - 1)) - 1;
+    return d < before ? before : (d > before + 1 ? before + 1 : d);
+}
+
+/* The first key index of the chunk starting at position b: ``ctx`` keys of context, then ``ql`` tree rows. */
+static int64_t tree_chunk_start(const int64_t *bits, int64_t ctx, int64_t ql, int64_t b) {
+    if (b <= ctx) return b;
+    int64_t d = 0;
+    for (int64_t j = 0; j < ql; j++) {
+        d = tree_depth(bits, j, j ? d : 0);
+        if (ctx + d >= b) return ctx + j;
+    }
+    return ctx + ql;
+}
+
+/* The key count of a tree step's request by position (context + its deepest row + 1). */
+static int64_t tree_positions(const int64_t *bits, int64_t ctx, int64_t ql) {
+    int64_t d = 0;
+    for (int64_t j = 0; j < ql; j++) d = tree_depth(bits, j, j ? d : 0);
+    return ctx + d + 1;
+}
+
 /* Which task head_dim takes in this build (for tests and diagnostics): 2 the AVX-512 one, 1 the AVX2 one,
  * 0 the portable one. */
 int tandem_paged_attention_fast_path(int64_t head_dim) {
@@ -360,16 +410,20 @@ int tandem_paged_attention(
     const int fast = tandem_paged_attention_fast_path(head_dim);
     /* Per request: its keys, chunks run, first task, the offset of its partial results (split ones only) and
      * its first chunk (past 0 only under a window). */
-    int64_t *plan = malloc((size_t)(5 * num_reqs + 1) * sizeof(int64_t));
+    int64_t *plan = malloc((size_t)(6 * num_reqs + 1) * sizeof(int64_t));
     if (!plan) return -1;
     int64_t *lens = plan, *nchunks = lens + num_reqs, *poff = nchunks + num_reqs, *chunk0 = poff + num_reqs;
-    int64_t *first = chunk0 + num_reqs;
+    int64_t *tree_req = chunk0 + num_reqs, *first = tree_req + num_reqs;
     int64_t tasks = 0, partial_floats = 0;
     for (int64_t r = 0; r < num_reqs; r++) {
         lens[r] = clamp64(seq_lens[req[r]], 0, max_keys);
         const int64_t start = window > 0 ? lens[r] - q_len[r] - window + 1 : 0; /* query 0's first key */
+        /* a tree step's request (never under a window): chunks by position, see tree_chunk_start */
+        tree_req[r] = tree_masks && !window && q_len[r] <= 64 && q_len[r] > 0 && lens[r] >= q_len[r];
+        const int64_t keys = tree_req[r] ? tree_positions(tree_masks + q_start[r], lens[r] - q_len[r], q_len[r])
+                                         : lens[r];
         chunk0[r] = start > 0 ? start / KEY_CHUNK : 0;
-        nchunks[r] = (lens[r] > KEY_CHUNK ? (lens[r] + KEY_CHUNK - 1) / KEY_CHUNK : 1) - chunk0[r];
+        nchunks[r] = (keys > KEY_CHUNK ? (keys + KEY_CHUNK - 1) / KEY_CHUNK : 1) - chunk0[r];
         if (nchunks[r] < 1) nchunks[r] = 1, chunk0[r] = 0; /* malformed lengths: one chunk, as without */
         first[r] = tasks;
         tasks += kv_heads * nchunks[r];
@@ -393,8 +447,14 @@ int tandem_paged_attention(
                 if (first[mid] <= task) r = mid; else hi = mid;
             }
             const int64_t local = task - first[r], nch = nchunks[r], row = req[r];
-            const int64_t kvh = local / nch, c = local % nch, k0 = (chunk0[r] + c) * KEY_CHUNK;
-            const int64_t len = lens[r] - k0 < KEY_CHUNK ? lens[r] - k0 : KEY_CHUNK; /* one chunk: every key */
+            const int64_t kvh = local / nch, c = local % nch;
+            int64_t k0 = (chunk0[r] + c) * KEY_CHUNK, k1 = c + 1 < nch ? k0 + KEY_CHUNK : lens[r]; /* one: all */
+            if (tree_req[r]) {
+                const int64_t *bits = tree_masks + q_start[r], ctx = lens[r] - q_len[r];
+                k0 = tree_chunk_start(bits, ctx, q_len[r], k0);
+                if (c + 1 < nch) k1 = tree_chunk_start(bits, ctx, q_len[r], k1);
+            }
+            const int64_t len = k1 - k0;
             const int64_t lo0 = window > 0 ? lens[r] - q_len[r] - window + 1 - k0 : INT64_MIN / 4;
             Task t = {kvh, q_start[r], q_len[r], len, (len + 15) / 16 * 16, lens[r] - q_len[r] - k0,
                       lo0, 0, 0, 0, 0, 0, 0, 0};
