@@ -15,10 +15,10 @@ LATENCY_BOUND = (10e-3, 0.1e-3, 0.01e-3)  # fixed, per token, per drafted token 
 COMPUTE_BOUND = (0.5e-3, 2e-3, 0.2e-3)  # every row costs four times the fixed part
 
 
-def _fitted(fixed: float, per_row: float) -> StepCost:
+def _fitted(fixed: float, per_row: float, per_pass: float = 0.0) -> StepCost:
     cost = StepCost()
-    for rows in (4, 8, 16, 32, 4, 8):
-        cost.observe(rows, fixed + per_row * rows)
+    for rows, passes in ((4, 0), (8, 1), (16, 3), (32, 0), (4, 2), (8, 3), (16, 0)):
+        cost.observe(rows, fixed + per_row * rows + per_pass * passes, passes)
     return cost
 
 
@@ -36,6 +36,44 @@ def test_cost_fit_recovers_the_line_and_needs_spread():
     assert not same.fitted  # one size only: the slope is unknown
 
 
+def test_cost_fit_separates_drafting_passes_from_rows():
+    """A draft head's passes cost whatever the rows: the fit finds both where steps vary them apart, and
+    leaves the passes at 0 where they always move with the rows (it cannot tell them apart there)."""
+    rng = random.Random(1)
+    cost = StepCost()
+    for _ in range(300):
+        rows, passes = rng.choice([4, 8, 12, 16]), rng.choice([0, 1, 2, 3])
+        cost.observe(rows, 0.004 + 0.0005 * rows + 0.002 * passes + rng.gauss(0, 1e-5), passes)
+    assert cost.per_row == pytest.approx(0.0005, rel=0.03) and cost.per_pass == pytest.approx(0.002, rel=0.03)
+    assert cost.fixed == pytest.approx(0.004, rel=0.05)
+    assert cost.seconds(8, 2) == pytest.approx(0.004 + 0.004 + 0.004, rel=0.02)
+    together = StepCost()
+    for _ in range(50):
+        verified = rng.choice([0, 3])  # drafts verified and drafted: the passes follow the rows exactly
+        together.observe(4 + 4 * verified, 0.004 + 0.0005 * (4 + 4 * verified) + 0.002 * verified, verified)
+    assert together.per_pass == 0.0 and together.per_row == pytest.approx(0.0005 + 0.002 / 4, rel=0.01)
+
+
+def test_drafting_passes_make_a_lone_drafter_dear_and_a_full_batch_cheap():
+    """With a pass costing what three rows do, one good request among poor ones does not pay for the head's
+    passes alone; four good ones share them and do."""
+    good = [_Req(f"g{i}") for i in range(4)]
+    poor = [_Req(f"p{i}") for i in range(3)]
+    for per_pass, decode, want in (
+        (0.0, [good[0], *poor], {"g0": 3}),
+        (3e-3, [good[0], *poor], {"g0": 0}),
+        (1e-3, good, {r.request_id: 3 for r in good}),
+    ):
+        pol = _policy(3, 4e-3, 0.5e-3, per_pass)
+        for _ in range(30):
+            for r in good:
+                pol.observe_drafts(r, 3, 3)
+            for r in poor:
+                pol.observe_drafts(r, 3, 0)
+        k = pol.plan([(r, 3) for r in decode])
+        assert {rid: k[rid] for rid in want} == want and all(k[r.request_id] == 0 for r in poor if r in decode)
+
+
 class _Req:
     def __init__(self, rid: str, temperature: float = 0.0, remaining: int = 100, seed: int | None = None) -> None:
         self.request_id = rid
@@ -46,9 +84,9 @@ class _Req:
         return self._remaining
 
 
-def _policy(k: int, fixed: float, per_row: float) -> AdaptivePolicy:
+def _policy(k: int, fixed: float, per_row: float, per_pass: float = 0.0) -> AdaptivePolicy:
     pol = AdaptivePolicy(k, "eagle3")
-    pol.cost = _fitted(fixed, per_row)
+    pol.cost = _fitted(fixed, per_row, per_pass)
     pol._since_explore = -10_000  # no exploration step in these decisions
     return pol
 

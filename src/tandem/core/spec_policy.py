@@ -18,16 +18,19 @@ second — from two estimates:
   worth ``g = a_1 * ... * a_j`` expected tokens.
 - **cost**: the engine's step period — wall-clock seconds between two steps coming back while requests keep
   running: the forward, sampling, drafting, the host's scheduling and output handling, whatever the
-  executor — is ``fixed + per_row * n`` for a decode step of ``n`` logits rows (one per request plus one per
-  verified draft), fitted by exponentially forgetting least squares over decode-only steps (prefill chunks
-  excluded). Drafting follows verification (the drafts asked for equal the drafts verified in steady state),
-  so its cost is in ``per_row``.
+  executor — is ``fixed + per_row * n + per_pass * m`` for a decode step of ``n`` logits rows (one per request
+  plus one per verified draft) that drafts ``m`` tokens ahead (``num_drafts_to_propose``: a draft head's
+  sequential passes), fitted by exponentially forgetting least squares over decode-only steps (prefill chunks
+  excluded). ``per_pass`` is what drafting costs whatever the rows (a head pass over the batch, its LM head);
+  it is what makes a step's first draft slots dear and the rest cheap. Where the steps seen cannot tell it from
+  ``per_row`` (passes and rows moving together) it is left at 0.
 
 A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B`` seconds without drafts.
-Draft slots are bought best first (largest ``g``) while ``g / per_row`` beats the step's running tokens per
-second by ``MARGIN``: the set that maximizes the expected rate under a linear cost, less the near-even bets. When drafts do not
-pay — the batch is compute-bound, acceptance is low — every request gets ``k = 0`` and the proposer is not
-run (a drafter with its own KV still keeps it current). Until the cost is fitted every draft is verified
+Draft slots are taken best first (largest ``g``); of those prefixes the policy keeps the one with the highest
+expected tokens per second, the drafts' own costs (their rows, and the passes their deepest slot needs)
+counted at ``MARGIN`` times their estimate so near-even bets lose. When drafts do not pay — the batch is
+compute-bound, acceptance is low, drafting passes cost more than the tokens they add — every request gets
+``k = 0`` and the proposer is not run (a drafter with its own KV still keeps it current). Until the cost is fitted every draft is verified
 (the fixed behaviour, measured). The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
 steps (more often before the first fit) one step does the opposite of the choice — no drafts, or all of
 them (drafted in that step, verified in the next) — so the estimate never freezes.
@@ -62,9 +65,12 @@ PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
 GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
 COST_DECAY = 0.97  # forgetting factor of the step-cost fit (about 30 steps of memory)
 EXPLORE_EVERY = 64
-# A draft slot must beat the step's running rate by this factor: the linear cost does not see the proposer's own
-# per-step cost once drafting is on, nor a row count that leaves a faster kernel path; near-even bets lose.
+# Drafts' costs are counted at this factor: the fit does not see a row count that leaves a faster kernel path,
+# nor a draft head's catching up after steps without drafts; near-even bets lose.
 MARGIN = 1.15
+# Where passes and rows move together (squared correlation above this) the fit cannot tell them apart: the
+# passes' share is left at 0, all in per_row (the line before passes were counted).
+COLLINEAR = 0.95
 MIN_FIT_STEPS = 4
 # Before a tree is verified: a tree's accepted tokens relative to the chain's (the shipped heads' measure on the
 # report split, BENCHMARKS.md §21: 1.24-1.31x).
@@ -79,34 +85,57 @@ def temperature_class(temperature: float) -> int:
 
 @dataclass
 class StepCost:
-    """``seconds = fixed + per_row * rows`` for decode steps, by exponentially forgetting least squares."""
+    """``seconds = fixed + per_row * rows + per_pass * passes`` for decode steps, by exponentially forgetting
+    least squares (``passes``: the tokens drafted ahead in the step)."""
 
-    n: float = 0.0  # weighted count, and the weighted sums below
+    n: float = 0.0  # weighted count, and the weighted sums below (x: rows, z: passes, y: seconds)
     sx: float = 0.0
+    sz: float = 0.0
     sy: float = 0.0
     sxx: float = 0.0
+    sxz: float = 0.0
+    szz: float = 0.0
     sxy: float = 0.0
+    szy: float = 0.0
     steps: int = 0
     fixed: float = 0.0
     per_row: float = 0.0
+    per_pass: float = 0.0
     # Enough steps, of different sizes (relative spread of the rows seen, std / mean, >= 5 %), to fit.
     fitted: bool = False
 
-    def observe(self, rows: int, seconds: float) -> None:
+    def observe(self, rows: int, seconds: float, passes: int = 0) -> None:
         d = COST_DECAY
-        self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + rows, d * self.sy + seconds
-        self.sxx, self.sxy = d * self.sxx + rows * rows, d * self.sxy + rows * seconds
+        self.n, self.sx, self.sz, self.sy = d * self.n + 1, d * self.sx + rows, d * self.sz + passes, d * self.sy + seconds
+        self.sxx, self.sxz, self.szz = d * self.sxx + rows * rows, d * self.sxz + rows * passes, d * self.szz + passes * passes
+        self.sxy, self.szy = d * self.sxy + rows * seconds, d * self.szy + passes * seconds
         self.steps += 1
-        mean_x, mean_y = self.sx / self.n, self.sy / self.n
-        var = self.sxx / self.n - mean_x * mean_x
-        self.fitted = self.steps >= MIN_FIT_STEPS and max(var, 0.0) ** 0.5 >= 0.05 * max(mean_x, 1e-9)
-        if self.fitted:
-            slope = (self.sxy / self.n - mean_x * mean_y) / var
-            self.per_row = max(slope, 1e-3 * mean_y / max(mean_x, 1.0))  # noise never makes rows free
-            self.fixed = max(mean_y - self.per_row * mean_x, 0.0)
+        n = self.n
+        mx, mz, my = self.sx / n, self.sz / n, self.sy / n
+        vxx = self.sxx / n - mx * mx
+        self.fitted = self.steps >= MIN_FIT_STEPS and max(vxx, 0.0) ** 0.5 >= 0.05 * max(mx, 1e-9)
+        if not self.fitted:
+            return
+        vzz, vxz = max(self.szz / n - mz * mz, 0.0), self.sxz / n - mx * mz
+        cxy, czy = self.sxy / n - mx * my, self.szy / n - mz * my
+        slope, per_pass = cxy / vxx, 0.0
+        if vzz > 0.0 and vxz * vxz < COLLINEAR * vxx * vzz:
+            det = vxx * vzz - vxz * vxz
+            per_pass = (vxx * czy - vxz * cxy) / det
+            if per_pass > 0.0:
+                slope = (cxy * vzz - vxz * czy) / det
+            else:
+                per_pass = 0.0
+        self.per_row = max(slope, 1e-3 * my / max(mx, 1.0))  # noise never makes rows free
+        self.per_pass = per_pass
+        self.fixed = max(my - self.per_row * mx - per_pass * mz, 0.0)
+
+    def seconds(self, rows: float, passes: int = 0) -> float:
+        return self.fixed + self.per_row * rows + self.per_pass * passes
 
     def as_dict(self) -> dict[str, float | int | bool]:
-        return {"fitted": self.fitted, "fixed_s": self.fixed, "per_row_s": self.per_row, "steps": self.steps}
+        return {"fitted": self.fitted, "fixed_s": self.fixed, "per_row_s": self.per_row,
+                "per_pass_s": self.per_pass, "steps": self.steps}
 
 
 class FixedPolicy:
@@ -199,10 +228,11 @@ class AdaptivePolicy(FixedPolicy):
         return acc, n
 
     def _allocate(self, decode: list[tuple[Request, int]]) -> list[int]:
-        """Drafts per request (up to its limit) maximizing expected tokens per second."""
+        """Drafts per request (up to its limit) maximizing expected tokens per second: of the prefixes of the
+        slots best first, the one with the highest rate, the drafts' rows and passes counted at ``MARGIN``."""
         cost = self.cost
-        slot_cost = cost.per_row
-        tokens, seconds = float(len(decode)), cost.fixed + cost.per_row * len(decode)
+        slot_cost, pass_cost = MARGIN * cost.per_row, MARGIN * cost.per_pass
+        tokens, seconds = float(len(decode)), cost.seconds(len(decode))
         cands = []
         for i, (req, limit) in enumerate(decode):
             g = 1.0
@@ -210,11 +240,17 @@ class AdaptivePolicy(FixedPolicy):
                 g *= a
                 cands.append((-g, j, i))
         cands.sort()  # best first; a request's slots in order (g falls with j)
-        chosen = [0] * len(decode)
-        for neg_g, _, i in cands:
-            if -neg_g * seconds <= MARGIN * tokens * slot_cost:
+        best_rate, best_n, passes = tokens / seconds, 0, 0
+        for taken, (neg_g, j, _) in enumerate(cands, 1):
+            if -neg_g <= best_rate * slot_cost:  # this slot and every later one lower the best rate
                 break
-            tokens, seconds = tokens - neg_g, seconds + slot_cost
+            tokens -= neg_g
+            seconds += slot_cost + pass_cost * max(j + 1 - passes, 0)
+            passes = max(passes, j + 1)
+            if tokens / seconds > best_rate:
+                best_rate, best_n = tokens / seconds, taken
+        chosen = [0] * len(decode)
+        for _, _, i in cands[:best_n]:
             chosen[i] += 1
         return chosen
 
@@ -258,7 +294,6 @@ class AdaptivePolicy(FixedPolicy):
         if not self.cost.fitted:
             return False
         self._since_tree += 1
-        fixed, per_row = self.cost.fixed, self.cost.per_row
         n = len(limits)
         chain_tokens, tree_tokens, best_tokens, tree_rows = float(n), float(n), float(n), n
         for (req, limit), w in zip(limits, want):
@@ -271,8 +306,8 @@ class AdaptivePolicy(FixedPolicy):
                 tree_tokens += acc * min(1.0, limit / max(depth, 1e-9))
                 best_tokens += limit
                 tree_rows += self.tree_nodes
-        chain_rate = chain_tokens / (fixed + per_row * (n + sum(want)))
-        tree_seconds = fixed + per_row * tree_rows + self.tree_extra
+        chain_rate = chain_tokens / self.cost.seconds(n + sum(want), max(want, default=0))
+        tree_seconds = self.cost.seconds(tree_rows, self.k) + self.tree_extra
         if best_tokens / tree_seconds <= chain_rate:
             return False
         if tree_tokens / tree_seconds > MARGIN * chain_rate or self._since_tree >= EXPLORE_EVERY:
@@ -308,12 +343,13 @@ class AdaptivePolicy(FixedPolicy):
         if self._last is not None and all(n == 1 + len(spec.get(r, ())) and r in sampling
                                           for r, n in so.num_scheduled_tokens.items()):
             rows, seconds = so.total_num_scheduled_tokens + so.num_tree_rows, now - self._last
+            passes = so.num_drafts_to_propose or 0
             if so.num_tree_rows or so.draft_trees:
                 if self.cost.fitted:
-                    residual = seconds - (self.cost.fixed + self.cost.per_row * rows)
+                    residual = seconds - self.cost.seconds(rows, passes)
                     self.tree_extra += TREE_EXTRA_WEIGHT * (residual - self.tree_extra)
             else:
-                self.cost.observe(rows, seconds)
+                self.cost.observe(rows, seconds, passes)
         self._last = now if busy else None
 
     def forget(self, request_id: str) -> None:
