@@ -77,3 +77,24 @@ def test_an_mp_worker_builds_the_engines_choice(clean_env: pytest.MonkeyPatch, t
         assert built == [resolve_execution("cpu").as_dict()] and built[0]["attention_backend"] == "naive"
     finally:
         llm.shutdown()
+
+
+@pytest.mark.skipif(native.compiled_isa() is None, reason="no native kernels")
+def test_the_planned_native_decode_rows_are_the_built_stacks(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The plan's ``native_decode_rows`` (from the file's index, before loading; the speculation policy keeps
+    drafts within it) equals what the worker's native decoder stack takes: the shipped GGUF model (interleaved
+    blocks) and a dense checkpoint; 0 with the stack switched off."""
+    for model, kwargs in (("smollm2-135m-instruct", {"kv_cache_memory": 64 << 20}),
+                          (str(tiny_target(tmp_path)), {})):
+        llm = LLM(model=model, max_model_len=128, **kwargs)
+        try:
+            stack = llm.engine.core.executor.runner.model._native_decode()
+            assert stack is not None and llm.engine_plan.native_decode_rows == stack.max_rows > 0, model
+        finally:
+            llm.shutdown()
+    clean_env.setenv("TANDEM_NATIVE_DECODE", "0")
+    llm = LLM(model=str(tiny_target(tmp_path)), max_model_len=128)
+    try:
+        assert llm.engine_plan.native_decode_rows == 0
+    finally:
+        llm.shutdown()

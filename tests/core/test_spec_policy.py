@@ -74,6 +74,31 @@ def test_drafting_passes_make_a_lone_drafter_dear_and_a_full_batch_cheap():
         assert {rid: k[rid] for rid in want} == want and all(k[r.request_id] == 0 for r in poor if r in decode)
 
 
+def test_drafts_keep_a_step_within_the_fast_paths_rows():
+    """Past ``fast_rows`` (the native decoder stack's) a row costs several times more, a cliff the line does
+    not see: cheap, certain drafts still stop at the bound, exploring ones too; a step already past it without
+    drafts is priced by the line alone; trees that would cross it are not drafted."""
+    decode = [(_Req(f"r{i}"), 3) for i in range(32)]
+    pol = _policy(3, 10e-3, 0.01e-3)  # drafts nearly free: every one pays
+    pol.fast_rows = 64
+    k = pol.plan(decode)
+    assert sum(k.values()) == 32 and pol.propose_k >= 1
+    pol._since_explore, pol._verify_all_next = -10_000, True  # an exploring step: all drafts, within the bound
+    assert sum(pol.plan(decode).values()) == 32
+    wide = [(_Req(f"w{i}"), 3) for i in range(70)]
+    assert sum(pol.plan(wide).values()) == 3 * 70
+    unfitted = AdaptivePolicy(3, "eagle3", fast_rows=64)  # before the fit every draft is verified: within it
+    assert sum(unfitted.plan(decode).values()) == 32
+    tree = _tree_policy(10e-3, 0.1e-3, 3.0)
+    tree.fast_rows = 16
+    limits = [(_Req(f"t{i}"), 3) for i in range(4)]
+    for r, _ in limits:
+        tree._kind_of(r)
+    assert not tree._trees_pay(limits, [3] * 4)  # 4 + 4 * 6 rows > 16
+    tree.fast_rows = 0
+    assert tree._trees_pay(limits, [3] * 4)
+
+
 class _Req:
     def __init__(self, rid: str, temperature: float = 0.0, remaining: int = 100, seed: int | None = None) -> None:
         self.request_id = rid

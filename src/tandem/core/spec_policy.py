@@ -30,7 +30,10 @@ Draft slots are taken best first (largest ``g``); of those prefixes the policy k
 expected tokens per second, the drafts' own costs (their rows, and the passes their deepest slot needs)
 counted at ``MARGIN`` times their estimate so near-even bets lose. When drafts do not pay — the batch is
 compute-bound, acceptance is low, drafting passes cost more than the tokens they add — every request gets
-``k = 0`` and the proposer is not run (a drafter with its own KV still keeps it current). Until the cost is fitted every draft is verified
+``k = 0`` and the proposer is not run (a drafter with its own KV still keeps it current). A row count past
+``fast_rows`` (the native decoder stack's, ``EnginePlan.native_decode_rows``) leaves the fast path for layers
+several times dearer a row, a cliff no line fits: drafts never take a step past it (a step already past it
+without drafts is priced by the line alone), nor do trees. Until the cost is fitted every draft is verified
 (the fixed behaviour, measured). The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
 steps (more often before the first fit) one step does the opposite of the choice — no drafts, or all of
 them (drafted in that step, verified in the next) — so the estimate never freezes.
@@ -175,9 +178,10 @@ class AdaptivePolicy(FixedPolicy):
     name = "adaptive"
 
     def __init__(self, k: int, method: str, clock: Callable[[], float] = time.perf_counter,
-                 tree_nodes: int = 0) -> None:
+                 tree_nodes: int = 0, fast_rows: int = 0) -> None:
         super().__init__(k)
         self.clock = clock
+        self.fast_rows = fast_rows  # drafts keep a step within this many rows (0: no bound)
         self._last: float | None = None  # when the previous step came back, while requests kept running
         prior = METHOD_PRIOR.get(method, 0.5)
         self.by_class = [[prior] * k for _ in TEMPERATURE_CLASSES]
@@ -241,8 +245,9 @@ class AdaptivePolicy(FixedPolicy):
                 cands.append((-g, j, i))
         cands.sort()  # best first; a request's slots in order (g falls with j)
         best_rate, best_n, passes = tokens / seconds, 0, 0
+        room = self._room(len(decode))
         for taken, (neg_g, j, _) in enumerate(cands, 1):
-            if -neg_g <= best_rate * slot_cost:  # this slot and every later one lower the best rate
+            if -neg_g <= best_rate * slot_cost or taken > room:  # this slot and every later one lower the rate
                 break
             tokens -= neg_g
             seconds += slot_cost + pass_cost * max(j + 1 - passes, 0)
@@ -254,6 +259,26 @@ class AdaptivePolicy(FixedPolicy):
             chosen[i] += 1
         return chosen
 
+    def _room(self, rows: int) -> float:
+        """Draft rows a step of ``rows`` rows may add within the fast path (unbounded past it, or without one)."""
+        return self.fast_rows - rows if 0 < rows <= self.fast_rows else float("inf")
+
+    def _fill(self, limits: list[tuple[Request, int]]) -> list[int]:
+        """Every draft the limits allow, within the fast path's rows (level by level across the requests)."""
+        full = [lim for _, lim in limits]
+        left = self._room(len(limits))
+        if sum(full) <= left:
+            return full
+        out = [0] * len(full)
+        for level in range(self.k):
+            for i, lim in enumerate(full):
+                if left <= 0:
+                    return out
+                if lim > level:
+                    out[i] += 1
+                    left -= 1
+        return out
+
     def plan(self, decode: list[tuple[Request, int]]) -> dict[str, int]:
         if not decode:
             return {}
@@ -261,7 +286,7 @@ class AdaptivePolicy(FixedPolicy):
         seeded = [self._kind_of(req)[1] for req, _ in decode]
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
-        full = [lim for _, lim in limits]
+        full = self._fill(limits)
         want = self._allocate(limits) if self.cost.fitted else full
         self._since_explore += 1
         due = self._since_explore >= (EXPLORE_EVERY if self.cost.fitted else MIN_FIT_STEPS)
@@ -308,7 +333,7 @@ class AdaptivePolicy(FixedPolicy):
                 tree_rows += self.tree_nodes
         chain_rate = chain_tokens / self.cost.seconds(n + sum(want), max(want, default=0))
         tree_seconds = self.cost.seconds(tree_rows, self.k) + self.tree_extra
-        if best_tokens / tree_seconds <= chain_rate:
+        if best_tokens / tree_seconds <= chain_rate or tree_rows - n > self._room(n):
             return False
         if tree_tokens / tree_seconds > MARGIN * chain_rate or self._since_tree >= EXPLORE_EVERY:
             self._since_tree = 0
@@ -367,7 +392,7 @@ class AdaptivePolicy(FixedPolicy):
 
 
 def make_policy(name: str, k: int, method: str, clock: Callable[[], float] = time.perf_counter,
-                tree_nodes: int = 0) -> FixedPolicy:
+                tree_nodes: int = 0, fast_rows: int = 0) -> FixedPolicy:
     if name not in POLICIES:
         raise ValueError(f"speculative_config.policy must be one of {POLICIES}, got {name!r}")
-    return AdaptivePolicy(k, method, clock, tree_nodes) if name == "adaptive" else FixedPolicy(k)
+    return AdaptivePolicy(k, method, clock, tree_nodes, fast_rows) if name == "adaptive" else FixedPolicy(k)

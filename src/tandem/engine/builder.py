@@ -56,6 +56,9 @@ class EnginePlan:
     kernels: dict[str, object] | None = None  # the kernel plan of block-quantized products
     execution: ExecutionPlan | None = None  # what computes a step (tandem/execution.py); None: not resolved
     max_num_batched_tokens: int = 2048  # the step's token budget (SchedulerConfig's, resolved)
+    # The most rows a step runs through the native decoder stack (0: it never runs): past it a step takes the
+    # torch layers, several times dearer a row; the speculation policy keeps its drafts within it.
+    native_decode_rows: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -65,6 +68,7 @@ class EnginePlan:
             "weight_bytes": self.weight_bytes,
             "kernels": self.kernels,
             "execution": None if self.execution is None else self.execution.as_dict(),
+            "native_decode_rows": self.native_decode_rows,
             "overrides": overrides.active(),
             "device": self.config.model.device,
             "executor_backend": self.config.parallel.executor_backend,
@@ -141,7 +145,7 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
             config.speculative, resolve_model(config.model.model), args, config.cache.block_size,
             DTYPES[config.model.resolved_dtype()],
         )
-    quant, weight_bytes, kernels = _plan_weights(config)
+    quant, weight_bytes, kernels, types = _plan_weights(config)
     if quant.int8_weights:
         weight_bytes = int8_weight_bytes(args)
     utilization_budget = None
@@ -173,8 +177,23 @@ def plan_engine(config: EngineConfig, args: ModelArgs | None = None, log: bool =
     execution = resolve_execution(config.model.device)
     return EnginePlan(
         config, args, decision, num_blocks, max_model_len, bpb, quant, weight_bytes, kernels, execution,
-        step_token_budget(config, max_model_len),
+        step_token_budget(config, max_model_len), _native_decode_rows(config, execution, quant, types),
     )
+
+
+def _native_decode_rows(config: EngineConfig, execution: ExecutionPlan, quant: QuantizationDecision,
+                        types: list[str] | None) -> int:
+    """Up to how many rows the workers' native decoder stack will take a step (NativeDecode.max_rows, from
+    the file's index): 0 where it never runs (off, not the CPU, tensor parallel, a dtype it lacks)."""
+    if not execution.native_decode or config.parallel.tensor_parallel_size != 1:
+        return 0
+    if config.model.resolved_dtype() not in ("float32", "bfloat16"):
+        return 0
+    from tandem.model.native_decode import planned_stack_rows
+    from tandem.native.decode_forward import decode_forward_kernel
+
+    kernel = decode_forward_kernel()
+    return 0 if kernel is None else planned_stack_rows(types if quant.keep_quantized else None, kernel.max_rows)
 
 
 def step_token_budget(config: EngineConfig, max_model_len: int) -> int:
@@ -206,9 +225,11 @@ def int8_weight_bytes(args: ModelArgs) -> int:
     return args.num_hidden_layers * per_layer + embed + h * 4
 
 
-def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | None, dict[str, object] | None]:
-    """The quantization decision, the resident weight bytes and the block-quantized kernel plan, from the
-    model file's tensor index alone (no weights read)."""
+def _plan_weights(
+    config: EngineConfig,
+) -> tuple[QuantizationDecision, int | None, dict[str, object] | None, list[str] | None]:
+    """The quantization decision, the resident weight bytes, the block-quantized kernel plan and the block
+    types kept, from the model file's tensor index alone (no weights read)."""
     from tandem.model.loader.gguf import gguf_weight_plan, is_quantized_file, unkernelled_types
     from tandem.model.loader.gguf_file import GGUFFile
     from tandem.model.loader.registry import resolve_model
@@ -229,7 +250,7 @@ def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | Non
         vnni = kernel is not None and kernel.vnni
     decision = resolve_activations(decision, m.quant_activations, vnni)
     if gf is None:
-        return decision, None, None
+        return decision, None, None, None
     from tandem.worker.worker import DTYPES
 
     elem = DTYPES[m.resolved_dtype()].itemsize
@@ -239,7 +260,7 @@ def _plan_weights(config: EngineConfig) -> tuple[QuantizationDecision, int | Non
         from tandem.model.block_quant_linear import block_quant_plan
 
         kernels = block_quant_plan(types, decision.activations)
-    return decision, weight_bytes, kernels
+    return decision, weight_bytes, kernels, types
 
 
 @dataclass
@@ -321,7 +342,8 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         tree_nodes=tree.max_nodes if tree is not None else 0,
         kv_group_windows=tuple(w for w, _ in kv_cache_groups(plan.args.layer_windows, plan.args.num_hidden_layers)),
         spec_policy=(make_policy(config.speculative.policy, k, config.speculative.method,
-                                 tree_nodes=tree.max_nodes if tree is not None else 0)
+                                 tree_nodes=tree.max_nodes if tree is not None else 0,
+                                 fast_rows=plan.native_decode_rows)
                      if config.speculative else None),
     )
     core = EngineCore(

@@ -20,7 +20,7 @@ import torch
 from tandem import overrides
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
 from tandem.model.block_quant import BlockQuantWeight
-from tandem.model.block_quant_linear import QUANT_FEW_ROWS, QUANT_FEW_ROWS_INTERLEAVED
+from tandem.model.block_quant_linear import INTERLEAVED_TYPES, QUANT_FEW_ROWS, QUANT_FEW_ROWS_INTERLEAVED
 from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.layers import LayerContext
 from tandem.model.linear import NATIVE_FEW_ROWS
@@ -51,6 +51,16 @@ def stack_rows(layers: Sequence[object], kernel_rows: int) -> int:
         interleaved = all(m.all_interleaved for m in mats)
         return min(kernel_rows, QUANT_FEW_ROWS_INTERLEAVED if interleaved else QUANT_FEW_ROWS)
     return min(kernel_rows, NATIVE_FEW_ROWS)
+
+
+def planned_stack_rows(types: Sequence[str] | None, kernel_rows: int) -> int:
+    """:func:`stack_rows` from a model file's tensor index alone (the engine's plan, before any weight is
+    loaded): ``types`` the block types kept (every one interleaved at load: block_repack), or ``None`` for
+    dense weights."""
+    if types is None:
+        return min(kernel_rows, NATIVE_FEW_ROWS)
+    interleaved = bool(types) and all(t in INTERLEAVED_TYPES for t in types)
+    return min(kernel_rows, QUANT_FEW_ROWS_INTERLEAVED if interleaved else QUANT_FEW_ROWS)
 
 
 class NativeDecode:
