@@ -7,6 +7,7 @@ the machine falls on every arm alike.
     python benchmarks/bench_spec_policy.py                                   # defaults below
     python benchmarks/bench_spec_policy.py --concurrency 1 4 16 32 --temperatures 0 0.7 1.0 \\
         --methods ngram eagle3 --num-prompts 32 --output-len 64
+    python benchmarks/bench_spec_policy.py --methods ngram eagle3 suffix --fixed-k 0 --repeats 3  # adaptive only
 
 Writes ``benchmarks/results/spec_policy.json`` (every run's ``bench serve`` result; ``--name`` changes the
 stem), a Markdown table (output tok/s and the ratio to no speculation at each point; with several
@@ -30,10 +31,10 @@ from common import environment  # noqa: E402
 
 def arms(methods: list[str], k: int, fixed_k: list[int]) -> dict[str, list[str]]:
     """nospec; per method the fixed policy at each of ``fixed_k`` (``m_fixed`` at k itself, ``m_fixed_k<j>``
-    otherwise) and the adaptive one (up to k)."""
+    otherwise; none for 0) and the adaptive one (up to k)."""
     out = {"nospec": []}
     for m in methods:
-        for j in sorted(set(fixed_k)):
+        for j in sorted(set(fixed_k) - {0}):
             cfg = {"method": m, "num_speculative_tokens": j, "policy": "fixed"}
             name = f"{m}_fixed" if j == k else f"{m}_fixed_k{j}"
             out[name] = ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
@@ -48,7 +49,10 @@ def main() -> int:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
     ap.add_argument("--methods", nargs="+", default=["ngram", "eagle3"])
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens (the adaptive policy's maximum)")
-    ap.add_argument("--fixed-k", type=int, nargs="+", help="k of the fixed-policy arms (default: --k alone)")
+    ap.add_argument("--fixed-k", type=int, nargs="+",
+                    help="k of the fixed-policy arms (default: --k alone; 0: no fixed arm)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of every arm at each point (order rotating); tok/s = all their tokens / all their time")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--server-flags", default="--max-num-seqs 64", help="extra `tandem serve` flags")
@@ -68,28 +72,30 @@ def main() -> int:
             commands.append(shlex.join(cmd))
         points = [(t, c) for t in ns.temperatures for c in ns.concurrency]
         runs, names = [], list(table)
-        total = len(points) * len(names)
-        for p, (temp, conc) in enumerate(points):
-            order = names[p % len(names):] + names[: p % len(names)]
+        total = len(points) * len(names) * ns.repeats
+        rounds = [(p, temp, conc, rep) for p, (temp, conc) in enumerate(points) for rep in range(ns.repeats)]
+        for i, (p, temp, conc, rep) in enumerate(rounds):
+            order = names[i % len(names):] + names[: i % len(names)]
             for arm in order:
                 result = Path(tempfile.mkstemp(suffix=".json", dir=logs)[1])
                 bench = ["tandem", "bench", "serve", "--base-url", servers[arm][1], "--dataset-name", "humaneval",
                          "--num-prompts", str(ns.num_prompts), "--random-output-len", str(ns.output_len),
                          "--max-concurrency", str(conc), "--temperature", str(temp), "--seed", "0",
                          "--result-file", str(result), "--disable-tqdm"]
-                if p == 0 and arm == order[0]:
+                if i == 0 and arm == order[0]:
                     commands.append(shlex.join(bench).replace(servers[arm][1], "http://127.0.0.1:PORT"))
                 subprocess.run([sys.executable, "-m", "tandem.entrypoints.cli", *bench[1:]], check=True,
                                stdout=subprocess.DEVNULL)
                 doc = json.loads(result.read_text())
-                runs.append({"arm": arm, "temperature": temp, "concurrency": conc, "result": doc})
+                runs.append({"arm": arm, "temperature": temp, "concurrency": conc, "repeat": rep, "result": doc})
                 print(f"[{len(runs)}/{total}] T={temp} c={conc} {arm}: {doc['output_throughput']:.1f} tok/s",
                       flush=True)
     finally:
         for proc, _ in servers.values():
             stop_server(proc)
     # The machine (CPU kind, cpu_isa, load average at the end of the run) beside the numbers.
-    meta = {"environment": environment(), "commands": commands, "num_prompts": ns.num_prompts, "output_len": ns.output_len}
+    meta = {"environment": environment(), "commands": commands, "num_prompts": ns.num_prompts,
+            "output_len": ns.output_len, "repeats": ns.repeats}
     (out_dir / f"{ns.name}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     summary = report(runs, list(table), ns)
     (out_dir / f"{ns.name}.md").write_text(summary + "\n")
@@ -99,8 +105,9 @@ def main() -> int:
 
 
 def _tput(runs: list[dict], arm: str, temp: float, conc: int) -> float:
-    return next(r["result"]["output_throughput"] for r in runs
-                if r["arm"] == arm and r["temperature"] == temp and r["concurrency"] == conc)
+    """Output tok/s of an arm at a point: every repeat's tokens over every repeat's time."""
+    mine = [r["result"] for r in runs if r["arm"] == arm and r["temperature"] == temp and r["concurrency"] == conc]
+    return sum(d["total_output_tokens"] for d in mine) / sum(d["duration"] for d in mine)
 
 
 def report(runs: list[dict], names: list[str], ns: argparse.Namespace) -> str:
