@@ -227,6 +227,27 @@ def test_explores_until_the_cost_is_fitted():
     assert pol.cost.fitted and len(seen) >= 2 and pol.num_exploration_steps >= 1
 
 
+def test_explorations_are_one_draft_deep_and_back_off_while_they_confirm_the_choice():
+    """Where drafts never pay, an exploration is one drafting pass of one draft a request, verified in the next
+    step (which drafts nothing more); the interval between explorations doubles while each finds the same choice,
+    up to EXPLORE_MAX."""
+    from tandem.core.spec_policy import EXPLORE_MAX
+
+    pol = _policy(3, 1e-3, 1e-3)  # compute-bound: no draft pays
+    pol._since_explore = 0
+    reqs = [_Req(f"r{i}") for i in range(32)]
+    explored = []
+    for step in range(2200):
+        k = pol.plan([(r, 0) for r in reqs])  # no request holds drafts
+        if pol.propose_k:
+            assert pol.propose_k == 1 and set(k.values()) == {0}
+            explored.append(step)
+            after = pol.plan([(r, 1) for r in reqs])  # the next step verifies the one draft each, asks for none
+            assert set(after.values()) == {1} and pol.propose_k == 0
+    gaps = [b - a + 1 for a, b in zip(explored, explored[1:])]  # + the verifying step, planned inside the loop
+    assert gaps[:5] == [EXPLORE_EVERY, 2 * EXPLORE_EVERY, 4 * EXPLORE_EVERY, EXPLORE_MAX, EXPLORE_MAX]
+
+
 def test_config_and_factory():
     assert SpeculativeConfig("ngram", 3).policy == "adaptive"
     with pytest.raises(ValueError, match="speculative_config.policy"):

@@ -35,8 +35,10 @@ compute-bound, acceptance is low, drafting passes cost more than the tokens they
 several times dearer a row, a cliff no line fits: drafts never take a step past it (a step already past it
 without drafts is priced by the line alone), nor do trees. Until the cost is fitted every draft is verified
 (the fixed behaviour, measured). The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
-steps (more often before the first fit) one step does the opposite of the choice — no drafts, or all of
-them (drafted in that step, verified in the next) — so the estimate never freezes.
+steps (more often before the first fit) one step does the opposite of the choice — no drafts, or one draft a
+request (one drafting pass in that step, its rows verified in the next) — so the estimate never freezes. While
+explorations keep finding the same choice (drafting or not), their interval doubles, up to ``EXPLORE_MAX``: where
+drafts never pay (a compute-bound batch) exploring is what speculation costs.
 
 With draft trees (``speculative_config.tree``) the policy also chooses, per step, whether the drafts made in it
 are trees or chains: trees when their expected rate beats the chains' by ``MARGIN`` under the same cost fit (a
@@ -68,6 +70,7 @@ PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
 GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
 COST_DECAY = 0.97  # forgetting factor of the step-cost fit (about 30 steps of memory)
 EXPLORE_EVERY = 64
+EXPLORE_MAX = 512  # the exploration interval, doubled while explorations confirm the choice, stops here
 # Drafts' costs are counted at this factor: the fit does not see a row count that leaves a faster kernel path,
 # nor a draft head's catching up after steps without drafts; near-even bets lose.
 MARGIN = 1.15
@@ -190,7 +193,9 @@ class AdaptivePolicy(FixedPolicy):
         self._step = 0
         self.cost = StepCost()
         self._since_explore = 0
-        self._verify_all_next = False  # exploring: drafts were asked for the next step, which verifies them all
+        self._explore_every = EXPLORE_EVERY
+        self._was_drafting: bool | None = None  # the choice at the last exploration
+        self._verify_all_next = False  # exploring: one draft each was asked for the next step, which verifies it
         # request id -> (its temperature class, whether it is seeded and samples), learned once
         self._kind: dict[str, tuple[int, bool]] = {}
         # Draft trees (``tree_nodes`` > 0): per temperature class, (accepted, verified depth) of a tree verify,
@@ -263,14 +268,16 @@ class AdaptivePolicy(FixedPolicy):
         """Draft rows a step of ``rows`` rows may add within the fast path (unbounded past it, or without one)."""
         return self.fast_rows - rows if 0 < rows <= self.fast_rows else float("inf")
 
-    def _fill(self, limits: list[tuple[Request, int]]) -> list[int]:
-        """Every draft the limits allow, within the fast path's rows (level by level across the requests)."""
-        full = [lim for _, lim in limits]
+    def _fill(self, limits: list[tuple[Request, int]], depth: int | None = None) -> list[int]:
+        """Every draft the limits allow (at most ``depth`` a request), within the fast path's rows (level by
+        level across the requests)."""
+        depth = self.k if depth is None else depth
+        full = [min(lim, depth) for _, lim in limits]
         left = self._room(len(limits))
         if sum(full) <= left:
             return full
         out = [0] * len(full)
-        for level in range(self.k):
+        for level in range(depth):
             for i, lim in enumerate(full):
                 if left <= 0:
                     return out
@@ -288,17 +295,22 @@ class AdaptivePolicy(FixedPolicy):
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
         full = self._fill(limits)
         want = self._allocate(limits) if self.cost.fitted else full
+        verify = None  # this step's verified drafts where they are not ``want`` (an exploration's)
         self._since_explore += 1
-        due = self._since_explore >= (EXPLORE_EVERY if self.cost.fitted else MIN_FIT_STEPS)
+        due = self._since_explore >= (self._explore_every if self.cost.fitted else MIN_FIT_STEPS)
         if self._verify_all_next:
-            self._verify_all_next, want = False, full
+            self._verify_all_next, verify = False, self._fill(limits, 1)
         elif due and self.cost.steps >= MIN_FIT_STEPS:
             self._since_explore = 0
             self.num_exploration_steps += 1
-            if any(want):
+            drafting = any(want)
+            same = drafting == self._was_drafting
+            self._explore_every = min(2 * self._explore_every, EXPLORE_MAX) if same else EXPLORE_EVERY
+            self._was_drafting = drafting
+            if drafting:
                 want = [0] * len(decode)  # one step without drafts ...
-            else:
-                self._verify_all_next, want = True, full  # ... or drafts now, all verified next step
+            else:  # ... or one draft each now, verified next step
+                self._verify_all_next, want = True, self._fill(limits, 1)
         # A seed asks for reproducible outputs: which random numbers a sampled request consumes depends on its
         # k, so a seeded one is never varied (every draft, as under "fixed").
         want = [self.k if s else w for s, w in zip(seeded, want)]
@@ -307,6 +319,8 @@ class AdaptivePolicy(FixedPolicy):
             if self.propose_tree and self.cost.fitted:  # a tree verifies every level a request may still use
                 want = [max(w, lim) for w, (_, lim) in zip(want, limits)]
         self.propose_k = max(want)
+        if verify is not None:
+            want = [self.k if s else w for s, w in zip(seeded, verify)]
         return {req.request_id: min(w, cap) for (req, cap), w in zip(decode, want)}
 
     def _trees_pay(self, limits: list[tuple[Request, int]], want: list[int]) -> bool:
