@@ -57,10 +57,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
+from tandem.core.step_cost import MIN_FIT_STEPS, StepCost
 
 POLICIES = ("adaptive", "fixed")
 # Prior conditional acceptance per draft position, by method, before anything is measured.
@@ -68,16 +68,11 @@ METHOD_PRIOR = {"ngram": 0.5, "suffix": 0.5, "draft_model": 0.6, "eagle": 0.6, "
 FADE = 0.93  # per step, of a request's own acceptance counts (half-life ~10 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
 GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
-COST_DECAY = 0.97  # forgetting factor of the step-cost fit (about 30 steps of memory)
 EXPLORE_EVERY = 64
 EXPLORE_MAX = 512  # the exploration interval, doubled while explorations confirm the choice, stops here
 # Drafts' costs are counted at this factor: the fit does not see a row count that leaves a faster kernel path,
 # nor a draft head's catching up after steps without drafts; near-even bets lose.
 MARGIN = 1.15
-# Where passes and rows move together (squared correlation above this) the fit cannot tell them apart: the
-# passes' share is left at 0, all in per_row (the line before passes were counted).
-COLLINEAR = 0.95
-MIN_FIT_STEPS = 4
 # Before a tree is verified: a tree's accepted tokens relative to the chain's (the shipped heads' measure on the
 # report split, BENCHMARKS.md §21: 1.24-1.31x).
 TREE_GAIN_PRIOR = 1.25
@@ -87,61 +82,6 @@ TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
 
 def temperature_class(temperature: float) -> int:
     return 0 if temperature < 1e-5 else 1 if temperature <= 0.8 else 2
-
-
-@dataclass
-class StepCost:
-    """``seconds = fixed + per_row * rows + per_pass * passes`` for decode steps, by exponentially forgetting
-    least squares (``passes``: the tokens drafted ahead in the step)."""
-
-    n: float = 0.0  # weighted count, and the weighted sums below (x: rows, z: passes, y: seconds)
-    sx: float = 0.0
-    sz: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxz: float = 0.0
-    szz: float = 0.0
-    sxy: float = 0.0
-    szy: float = 0.0
-    steps: int = 0
-    fixed: float = 0.0
-    per_row: float = 0.0
-    per_pass: float = 0.0
-    # Enough steps, of different sizes (relative spread of the rows seen, std / mean, >= 5 %), to fit.
-    fitted: bool = False
-
-    def observe(self, rows: int, seconds: float, passes: int = 0) -> None:
-        d = COST_DECAY
-        self.n, self.sx, self.sz, self.sy = d * self.n + 1, d * self.sx + rows, d * self.sz + passes, d * self.sy + seconds
-        self.sxx, self.sxz, self.szz = d * self.sxx + rows * rows, d * self.sxz + rows * passes, d * self.szz + passes * passes
-        self.sxy, self.szy = d * self.sxy + rows * seconds, d * self.szy + passes * seconds
-        self.steps += 1
-        n = self.n
-        mx, mz, my = self.sx / n, self.sz / n, self.sy / n
-        vxx = self.sxx / n - mx * mx
-        self.fitted = self.steps >= MIN_FIT_STEPS and max(vxx, 0.0) ** 0.5 >= 0.05 * max(mx, 1e-9)
-        if not self.fitted:
-            return
-        vzz, vxz = max(self.szz / n - mz * mz, 0.0), self.sxz / n - mx * mz
-        cxy, czy = self.sxy / n - mx * my, self.szy / n - mz * my
-        slope, per_pass = cxy / vxx, 0.0
-        if vzz > 0.0 and vxz * vxz < COLLINEAR * vxx * vzz:
-            det = vxx * vzz - vxz * vxz
-            per_pass = (vxx * czy - vxz * cxy) / det
-            if per_pass > 0.0:
-                slope = (cxy * vzz - vxz * czy) / det
-            else:
-                per_pass = 0.0
-        self.per_row = max(slope, 1e-3 * my / max(mx, 1.0))  # noise never makes rows free
-        self.per_pass = per_pass
-        self.fixed = max(my - self.per_row * mx - per_pass * mz, 0.0)
-
-    def seconds(self, rows: float, passes: int = 0) -> float:
-        return self.fixed + self.per_row * rows + self.per_pass * passes
-
-    def as_dict(self) -> dict[str, float | int | bool]:
-        return {"fitted": self.fitted, "fixed_s": self.fixed, "per_row_s": self.per_row,
-                "per_pass_s": self.per_pass, "steps": self.steps}
 
 
 class FixedPolicy:

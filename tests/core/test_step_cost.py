@@ -1,0 +1,42 @@
+"""The speculation policy's step cost (core/step_cost.py): the line and the drafting passes recovered from
+noisy steps, and what the fit refuses to guess."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tandem.core.step_cost import StepCost
+
+
+def test_cost_fit_recovers_the_line_and_needs_spread():
+    rng = random.Random(0)
+    cost = StepCost()
+    for _ in range(200):
+        rows = rng.choice([8, 16, 32, 64])
+        cost.observe(rows, 0.004 + 0.0005 * rows + rng.gauss(0, 1e-5))
+    assert cost.fitted
+    assert cost.fixed == pytest.approx(0.004, rel=0.02) and cost.per_row == pytest.approx(0.0005, rel=0.02)
+    same = StepCost()
+    for _ in range(20):
+        same.observe(8, 0.01)
+    assert not same.fitted  # one size only: the slope is unknown
+
+
+def test_cost_fit_separates_drafting_passes_from_rows():
+    """A draft head's passes cost whatever the rows: the fit finds both where steps vary them apart, and
+    leaves the passes at 0 where they always move with the rows (it cannot tell them apart there)."""
+    rng = random.Random(1)
+    cost = StepCost()
+    for _ in range(300):
+        rows, passes = rng.choice([4, 8, 12, 16]), rng.choice([0, 1, 2, 3])
+        cost.observe(rows, 0.004 + 0.0005 * rows + 0.002 * passes + rng.gauss(0, 1e-5), passes)
+    assert cost.per_row == pytest.approx(0.0005, rel=0.03) and cost.per_pass == pytest.approx(0.002, rel=0.03)
+    assert cost.fixed == pytest.approx(0.004, rel=0.05)
+    assert cost.seconds(8, 2) == pytest.approx(0.004 + 0.004 + 0.004, rel=0.02)
+    together = StepCost()
+    for _ in range(50):
+        verified = rng.choice([0, 3])  # drafts verified and drafted: the passes follow the rows exactly
+        together.observe(4 + 4 * verified, 0.004 + 0.0005 * (4 + 4 * verified) + 0.002 * verified, verified)
+    assert together.per_pass == 0.0 and together.per_row == pytest.approx(0.0005 + 0.002 / 4, rel=0.01)
