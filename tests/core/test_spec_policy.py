@@ -3,7 +3,6 @@ over the scripted fake runner, sync and async — ledgers exact, outputs the mod
 
 from __future__ import annotations
 
-
 import pytest
 
 from tandem.core.spec_policy import EXPLORE_EVERY, AdaptivePolicy, FixedPolicy, make_policy
