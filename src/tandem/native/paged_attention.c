@@ -370,7 +370,7 @@ static int64_t tree_chunk_start(const int64_t *bits, int64_t ctx, int64_t ql, in
     if (b <= ctx) return b;
     int64_t d = 0;
     for (int64_t j = 0; j < ql; j++) {
-        d = tree_depth(bits, j, j ? d : 0);
+        d = tree_depth(bits, j, d);
         if (ctx + d >= b) return ctx + j;
     }
     return ctx + ql;
@@ -379,7 +379,7 @@ static int64_t tree_chunk_start(const int64_t *bits, int64_t ctx, int64_t ql, in
 /* The key count of a tree step's request by position (context + its deepest row + 1). */
 static int64_t tree_positions(const int64_t *bits, int64_t ctx, int64_t ql) {
     int64_t d = 0;
-    for (int64_t j = 0; j < ql; j++) d = tree_depth(bits, j, j ? d : 0);
+    for (int64_t j = 0; j < ql; j++) d = tree_depth(bits, j, d);
     return ctx + d + 1;
 }
 
