@@ -13,7 +13,7 @@ from tandem import vllm_args
 _DRAFT_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 _SPEC_METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp")
 SPEC_POLICIES = ("adaptive", "fixed")
-MAX_SPECULATIVE_TOKENS = 16
+MAX_SPECULATIVE_TOKENS = 32  # a sanity bound; suffix decoding's default (its tree depth, as vLLM's) is 24
 
 
 def positive(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -158,9 +158,15 @@ class SpeculativeConfig:
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}")
-        if "method" not in value or "num_speculative_tokens" not in value:
+        if "method" not in value:
             raise ValueError("speculative_config needs 'method' and 'num_speculative_tokens'")
         kwargs = dict(value)
+        if "num_speculative_tokens" not in kwargs:
+            if kwargs["method"] != "suffix":
+                raise ValueError("speculative_config needs 'method' and 'num_speculative_tokens'")
+            # as vLLM: suffix decoding drafts up to its tree depth unless told otherwise
+            kwargs["num_speculative_tokens"] = kwargs.get("suffix_decoding_max_tree_depth",
+                                                          cls.suffix_decoding_max_tree_depth)
         tree = kwargs.get("tree")
         if isinstance(tree, dict):
             extra = sorted(set(tree) - {"top_k", "max_nodes"})
