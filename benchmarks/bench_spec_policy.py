@@ -2,7 +2,9 @@
 policy, served by ``tandem serve`` and driven by ``tandem bench serve`` at several concurrencies and
 temperatures. One server per arm, all started first (an idle server uses no CPU); at every point (temperature,
 concurrency) the arms run one after another in an order that rotates from point to point, so a slow spell of
-the machine falls on every arm alike.
+the machine falls on every arm alike. With ``--repeats N`` the whole grid runs N times, each time on fresh
+servers: on these VMs one process can run a few per cent faster or slower than another for its whole life, and
+the time between a point's repeats spreads them over the machine's slow and fast spells.
 
     python benchmarks/bench_spec_policy.py                                   # defaults below
     python benchmarks/bench_spec_policy.py --concurrency 1 4 16 32 --temperatures 0 0.7 1.0 \\
@@ -52,7 +54,7 @@ def main() -> int:
     ap.add_argument("--fixed-k", type=int, nargs="+",
                     help="k of the fixed-policy arms (default: --k alone; 0: no fixed arm)")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="runs of every arm at each point (order rotating); tok/s = all their tokens / all their time")
+                    help="runs of the whole grid, each on fresh servers; tok/s = all their tokens / all their time")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--server-flags", default="--max-num-seqs 64", help="extra `tandem serve` flags")
@@ -63,36 +65,39 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="tandem-bench-policy-"))
     table = arms(ns.methods, ns.k, ns.fixed_k or [ns.k])
-    servers, commands = {}, []
-    try:
-        for i, (arm, extra) in enumerate(table.items()):
-            print(f"[{i + 1}/{len(table)}] starting the {arm} server", flush=True)
-            proc, url, cmd = start_server([*shlex.split(ns.server_flags), *extra], logs / f"{arm}.log")
-            servers[arm] = (proc, url)
-            commands.append(shlex.join(cmd))
-        points = [(t, c) for t in ns.temperatures for c in ns.concurrency]
-        runs, names = [], list(table)
-        total = len(points) * len(names) * ns.repeats
-        rounds = [(p, temp, conc, rep) for p, (temp, conc) in enumerate(points) for rep in range(ns.repeats)]
-        for i, (p, temp, conc, rep) in enumerate(rounds):
-            order = names[i % len(names):] + names[: i % len(names)]
-            for arm in order:
-                result = Path(tempfile.mkstemp(suffix=".json", dir=logs)[1])
-                bench = ["tandem", "bench", "serve", "--base-url", servers[arm][1], "--dataset-name", "humaneval",
-                         "--num-prompts", str(ns.num_prompts), "--random-output-len", str(ns.output_len),
-                         "--max-concurrency", str(conc), "--temperature", str(temp), "--seed", "0",
-                         "--result-file", str(result), "--disable-tqdm"]
-                if i == 0 and arm == order[0]:
-                    commands.append(shlex.join(bench).replace(servers[arm][1], "http://127.0.0.1:PORT"))
-                subprocess.run([sys.executable, "-m", "tandem.entrypoints.cli", *bench[1:]], check=True,
-                               stdout=subprocess.DEVNULL)
-                doc = json.loads(result.read_text())
-                runs.append({"arm": arm, "temperature": temp, "concurrency": conc, "repeat": rep, "result": doc})
-                print(f"[{len(runs)}/{total}] T={temp} c={conc} {arm}: {doc['output_throughput']:.1f} tok/s",
-                      flush=True)
-    finally:
-        for proc, _ in servers.values():
-            stop_server(proc)
+    commands: list[str] = []
+    runs, names = [], list(table)
+    points = [(t, c) for t in ns.temperatures for c in ns.concurrency]
+    total = len(points) * len(names) * ns.repeats
+    for rep in range(ns.repeats):  # every repeat on fresh servers: one process's speed is not every repeat's
+        servers = {}
+        try:
+            for i, (arm, extra) in enumerate(table.items()):
+                print(f"[repeat {rep + 1}/{ns.repeats}, {i + 1}/{len(table)}] starting the {arm} server", flush=True)
+                proc, url, cmd = start_server([*shlex.split(ns.server_flags), *extra], logs / f"{arm}-{rep}.log")
+                servers[arm] = (proc, url)
+                if rep == 0:
+                    commands.append(shlex.join(cmd))
+            for p, (temp, conc) in enumerate(points):
+                i = rep * len(points) + p
+                order = names[i % len(names):] + names[: i % len(names)]
+                for arm in order:
+                    result = Path(tempfile.mkstemp(suffix=".json", dir=logs)[1])
+                    bench = ["tandem", "bench", "serve", "--base-url", servers[arm][1], "--dataset-name",
+                             "humaneval", "--num-prompts", str(ns.num_prompts), "--random-output-len",
+                             str(ns.output_len), "--max-concurrency", str(conc), "--temperature", str(temp),
+                             "--seed", "0", "--result-file", str(result), "--disable-tqdm"]
+                    if i == 0 and arm == order[0]:
+                        commands.append(shlex.join(bench).replace(servers[arm][1], "http://127.0.0.1:PORT"))
+                    subprocess.run([sys.executable, "-m", "tandem.entrypoints.cli", *bench[1:]], check=True,
+                                   stdout=subprocess.DEVNULL)
+                    doc = json.loads(result.read_text())
+                    runs.append({"arm": arm, "temperature": temp, "concurrency": conc, "repeat": rep, "result": doc})
+                    print(f"[{len(runs)}/{total}] T={temp} c={conc} {arm}: {doc['output_throughput']:.1f} tok/s",
+                          flush=True)
+        finally:
+            for proc, _ in servers.values():
+                stop_server(proc)
     # The machine (CPU kind, cpu_isa, load average at the end of the run) beside the numbers.
     meta = {"environment": environment(), "commands": commands, "num_prompts": ns.num_prompts,
             "output_len": ns.output_len, "repeats": ns.repeats}
@@ -110,6 +115,26 @@ def _tput(runs: list[dict], arm: str, temp: float, conc: int) -> float:
     return sum(d["total_output_tokens"] for d in mine) / sum(d["duration"] for d in mine)
 
 
+T95 = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23]  # Student's t, 95 % two-sided, 1-10 dof
+
+
+def ratio_spread(runs: list[dict], arm: str, temp: float, conc: int) -> tuple[float, float, float, float]:
+    """An arm's tok/s over no speculation's, repeat by repeat (each repeat's arms ran side by side): their mean,
+    the 95 % confidence half-width of that mean (Student's t), the lowest and the highest."""
+    def tput(a: str, rep: int) -> float:
+        (d,) = [r["result"] for r in runs if (r["arm"], r["temperature"], r["concurrency"], r["repeat"])
+                == (a, temp, conc, rep)]
+        return d["total_output_tokens"] / d["duration"]
+
+    reps = sorted({r["repeat"] for r in runs})
+    ratios = [tput(arm, rep) / tput("nospec", rep) for rep in reps]
+    n = len(ratios)
+    mean = sum(ratios) / n
+    sd = (sum((x - mean) ** 2 for x in ratios) / (n - 1)) ** 0.5 if n > 1 else 0.0
+    half = (T95[n - 2] if n - 1 <= len(T95) else 1.96) * sd / n ** 0.5 if n > 1 else 0.0
+    return mean, half, min(ratios), max(ratios)
+
+
 def report(runs: list[dict], names: list[str], ns: argparse.Namespace) -> str:
     lines = ["| temperature | concurrency | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for temp in ns.temperatures:
@@ -120,6 +145,16 @@ def report(runs: list[dict], names: list[str], ns: argparse.Namespace) -> str:
                 v = _tput(runs, arm, temp, conc)
                 cells.append(f"{v:.1f}" if arm == "nospec" else f"{v:.1f} ({v / base:.2f}x)")
             lines.append(f"| {temp} | {conc} | " + " | ".join(cells) + " |")
+    if ns.repeats > 1:  # the ratio repeat by repeat: mean +- 95 % confidence half-width [lowest, highest]
+        lines += ["", "| temperature | concurrency | " + " | ".join(f"{a} / nospec, per repeat" for a in names[1:])
+                  + " |", "|---|---|" + "---|" * (len(names) - 1)]
+        for temp in ns.temperatures:
+            for conc in ns.concurrency:
+                cells = []
+                for arm in names[1:]:
+                    mean, half, lo, hi = ratio_spread(runs, arm, temp, conc)
+                    cells.append(f"{mean:.3f} ± {half:.3f} [{lo:.2f}, {hi:.2f}]")
+                lines.append(f"| {temp} | {conc} | " + " | ".join(cells) + " |")
     fixed = {m: [a for a in names if a.startswith(f"{m}_fixed")] for m in ns.methods}
     if any(len(v) > 1 for v in fixed.values()):  # the adaptive policy against the best fixed k, point by point
         lines += ["", "| temperature | concurrency | " + " | ".join(f"{m} adaptive / best fixed" for m in ns.methods)
