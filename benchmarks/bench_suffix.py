@@ -7,7 +7,9 @@ tests): a function's full source (prompt + canonical solution) and an edit instr
 local names to a new one — as a chat message; the model answers with the edited function, so most of the
 answer is text it has seen. Each repeat takes the next functions (no request is ever served twice: suffix
 decoding's cache of earlier outputs holds other functions' edits, never the same answer), and each arm serves
-the same requests, arms interleaved within a repeat; tok/s is over all repeats.
+the same requests, arms interleaved within a repeat (the order alternating). Decode tok/s: over all repeats, each
+request's tokens after its first over the time from its first token to its last (the speed-ups use it);
+end-to-end tok/s adds the prompts' prefill.
 
 Every arm is an engine in its own process (``SuffixArm`` says why), all loaded at once. Arms: no speculation,
 ngram at each of ``--ngram-k`` and suffix at each of ``--suffix-k`` (``num_speculative_tokens``, the most drafts a
@@ -77,7 +79,10 @@ def arm_worker(kwargs: dict[str, Any]) -> None:
             params = SamplingParams(temperature=0, max_tokens=msg["max_tokens"])
             t0 = time.perf_counter()
             outs = [llm.chat(c, params, use_tqdm=False)[0] for c in msg["chats"]]
-            ans = {"seconds": time.perf_counter() - t0, "tokens": [list(o.outputs[0].token_ids) for o in outs]}
+            ans = {"seconds": time.perf_counter() - t0, "tokens": [list(o.outputs[0].token_ids) for o in outs],
+                   # decode alone: from each request's first token to its last, the tokens after the first
+                   "decode_seconds": sum(o.metrics.last_token_time - o.metrics.first_token_time for o in outs),
+                   "decode_tokens": sum(len(o.outputs[0].token_ids) - 1 for o in outs)}
         else:
             ans = {"stats": llm.spec_decode_stats()}
         print(json.dumps(ans), flush=True)
@@ -108,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             for m, cfg in methods.items() for a in (False, True)}
     times: dict = {key: [] for key in arms}
     tokens: dict = {key: [] for key in arms}
+    decode: dict = {key: [0.0, 0] for key in arms}  # decode seconds, decode tokens
     bar = tqdm(total=ns.repeats * len(arms), desc="bench_suffix")
     for r in range(ns.repeats):
         chats = all_chats[r * ns.prompts : (r + 1) * ns.prompts]
@@ -116,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             ans = arms[key].ask(cmd="chat", chats=chats, max_tokens=ns.max_tokens)
             times[key].append(ans["seconds"])
             tokens[key] += ans["tokens"]
+            decode[key][0] += ans["decode_seconds"]
+            decode[key][1] += ans["decode_tokens"]
             bar.update(1)
     stats = {key: arm.ask(cmd="stats")["stats"] for key, arm in arms.items()}
     bar.close()
@@ -123,21 +131,26 @@ def main(argv: list[str] | None = None) -> int:
         arm.close()
     ngram0 = f"ngram k={ns.ngram_k[0]}"
     result = {"environment": environment(), "args": vars(ns), "results": []}
+    def decode_tok_s(key: tuple[str, bool]) -> float:
+        return decode[key][1] / decode[key][0]
+
     for (m, a), ts in times.items():
         n_tok = sum(len(t) for t in tokens[(m, a)])
         result["results"].append({
             "method": m, "async": a, "tok_s": n_tok / sum(ts), "output_tokens": n_tok, "seconds": ts,
-            "speedup_vs_none": sum(times[("none", a)]) / sum(ts),
-            "speedup_vs_ngram": sum(times[(ngram0, a)]) / sum(ts),
+            "decode_tok_s": decode_tok_s((m, a)),
+            "speedup_vs_none": decode_tok_s((m, a)) / decode_tok_s(("none", a)),
+            "speedup_vs_ngram": decode_tok_s((m, a)) / decode_tok_s((ngram0, a)),
             "mean_acceptance_length": stats[(m, a)]["mean_acceptance_length"],
             "acceptance_rate": stats[(m, a)]["acceptance_rate"],
             "identical_to_none": tokens[(m, a)] == tokens[("none", a)],
             "identical_async_off_on": tokens[(m, False)] == tokens[(m, True)],
         })
-    print(f"| method | async | tok/s | x none | x {ngram0} | mean acceptance length | acceptance rate | identical |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| method | async | end-to-end tok/s | decode tok/s | decode x none | decode x {ngram0} | "
+          "mean acceptance length | acceptance rate | identical |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in result["results"]:
-        print(f"| {r['method']} | {r['async']} | {r['tok_s']:.1f} | {r['speedup_vs_none']:.2f} | "
+        print(f"| {r['method']} | {r['async']} | {r['tok_s']:.1f} | {r['decode_tok_s']:.1f} | {r['speedup_vs_none']:.2f} | "
               f"{r['speedup_vs_ngram']:.2f} | {r['mean_acceptance_length']:.2f} | {r['acceptance_rate']:.2f} | "
               f"{r['identical_to_none'] and r['identical_async_off_on']} |")
     if ns.json:

@@ -20,8 +20,9 @@ second — from two estimates:
   running: the forward, sampling, drafting, the host's scheduling and output handling, whatever the
   executor — is ``fixed + per_row * n + per_pass * m`` for a decode step of ``n`` logits rows (one per request
   plus one per verified draft) that drafts ``m`` tokens ahead (``num_drafts_to_propose``: a draft head's
-  sequential passes), fitted by exponentially forgetting least squares over decode-only steps (prefill chunks
-  excluded). ``per_pass`` is what drafting costs whatever the rows (a head pass over the batch, its LM head);
+  sequential passes), fitted over decode-only steps (prefill chunks excluded) by core/step_cost.py: the
+  slopes by least squares over a long memory of each step's difference from the steps just before it, the
+  level over the last ~30 steps; once fitted it stays fitted (the slopes stand while the steps are alike). ``per_pass`` is what drafting costs whatever the rows (a head pass over the batch, its LM head);
   it is what makes a step's first draft slots dear and the rest cheap. Where the steps seen cannot tell it from
   ``per_row`` (passes and rows moving together) it is left at 0.
 
@@ -182,11 +183,14 @@ class AdaptivePolicy(FixedPolicy):
         cost = self.cost
         slot_cost, pass_cost = MARGIN * cost.per_row, MARGIN * cost.per_pass
         tokens, seconds = float(len(decode)), cost.seconds(len(decode))
+        floor = tokens / seconds * slot_cost  # a slot worth no more never raises the rate (nor do later ones)
         cands = []
         for i, (req, limit) in enumerate(decode):
             g = 1.0
             for j, a in enumerate(self._alpha(req)[:limit]):
                 g *= a
+                if g <= floor:
+                    break
                 cands.append((-g, j, i))
         cands.sort()  # best first; a request's slots in order (g falls with j)
         best_rate, best_n, passes = tokens / seconds, 0, 0
