@@ -22,8 +22,9 @@ second — from two estimates:
   plus one per verified draft) that drafts ``m`` tokens ahead (``num_drafts_to_propose``: a draft head's
   sequential passes), fitted over decode-only steps (prefill chunks excluded) by core/step_cost.py: the
   slopes by least squares over a long memory of each step's difference from the steps just before it, the
-  level over the last ~30 steps; once fitted it stays fitted (the slopes stand while the steps are alike). ``per_pass`` is what drafting costs whatever the rows (a head pass over the batch, its LM head);
-  it is what makes a step's first draft slots dear and the rest cheap. Where the steps seen cannot tell it from
+  level over the last ~30 steps; once fitted it stays fitted (the slopes stand while the steps are alike).
+  ``per_pass`` is what drafting costs whatever the rows (a head pass over the batch, its LM head); it is what
+  makes a step's first draft slots dear and the rest cheap. Where the steps seen cannot tell it from
   ``per_row`` (passes and rows moving together) it is left at 0.
 
 A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B`` seconds without drafts.
