@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
           "mean acceptance length | acceptance rate | identical |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in result["results"]:
-        print(f"| {r['method']} | {r['async']} | {r['tok_s']:.1f} | {r['decode_tok_s']:.1f} | {r['speedup_vs_none']:.2f} | "
+        print(f"| {r['method']} | {r['async']} | {r['tok_s']:.1f} | {r['decode_tok_s']:.1f} | "
+              f"{r['speedup_vs_none']:.2f} | "
               f"{r['speedup_vs_ngram']:.2f} | {r['mean_acceptance_length']:.2f} | {r['acceptance_rate']:.2f} | "
               f"{r['identical_to_none'] and r['identical_async_off_on']} |")
     if ns.json:

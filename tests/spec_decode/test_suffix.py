@@ -75,7 +75,8 @@ def test_config_keys_are_vllms():
         SpeculativeConfig("suffix", 3, suffix_decoding_max_tree_depth=0)
     # as vLLM: without num_speculative_tokens, suffix decoding drafts up to its tree depth (24 by default)
     assert SpeculativeConfig.from_any({"method": "suffix"}).num_speculative_tokens == 24
-    assert SpeculativeConfig.from_any({"method": "suffix", "suffix_decoding_max_tree_depth": 12}).num_speculative_tokens == 12
+    shallow = SpeculativeConfig.from_any({"method": "suffix", "suffix_decoding_max_tree_depth": 12})
+    assert shallow.num_speculative_tokens == 12
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         SpeculativeConfig.from_any({"method": "ngram"})
     with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in \[1, 32\]"):

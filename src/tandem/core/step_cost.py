@@ -5,9 +5,10 @@ Two memories. The slopes (``per_row``, ``per_pass``) need steps of different siz
 steps are alike — it keeps choosing the same drafts, and the steps that differ are its explorations, up to
 ``EXPLORE_MAX`` steps apart — so they are fitted over a long memory (``SLOPE_DECAY``), from each step's
 difference with the steps just before it. The level moves with the requests' contexts and the machine's speed,
-so ``fixed`` puts the line through the mean of the recent steps (``LEVEL_DECAY``). Once fitted, the line stays fitted: where the steps seen lately are too alike to tell a slope
-(spread below ``SPREAD``) the slopes stand as last fitted instead of being guessed from noise, and the policy
-never falls back to verifying every draft because its own choice made the steps uniform.
+so ``fixed`` puts the line through the mean of the recent steps (``LEVEL_DECAY``). Once fitted, the line stays
+fitted: where the steps seen lately are too alike to tell a slope (spread below ``SPREAD``) the slopes stand as
+last fitted instead of being guessed from noise, and the policy never falls back to verifying every draft
+because its own choice made the steps uniform.
 """
 
 from __future__ import annotations
