@@ -184,7 +184,8 @@ class AdaptivePolicy(FixedPolicy):
         cost = self.cost
         slot_cost, pass_cost = MARGIN * cost.per_row, MARGIN * cost.per_pass
         tokens, seconds = float(len(decode)), cost.seconds(len(decode))
-        floor = tokens / seconds * slot_cost  # a slot worth no more never raises the rate (nor do later ones)
+        best_rate, best_n, passes = tokens / seconds, 0, 0
+        floor = best_rate * slot_cost  # a slot worth no more never raises the rate (nor do later ones)
         cands = []
         for i, (req, limit) in enumerate(decode):
             g = 1.0
@@ -194,7 +195,6 @@ class AdaptivePolicy(FixedPolicy):
                     break
                 cands.append((-g, j, i))
         cands.sort()  # best first; a request's slots in order (g falls with j)
-        best_rate, best_n, passes = tokens / seconds, 0, 0
         room = self._room(len(decode))
         for taken, (neg_g, j, _) in enumerate(cands, 1):
             if -neg_g <= best_rate * slot_cost or taken > room:  # this slot and every later one lower the rate
