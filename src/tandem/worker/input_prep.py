@@ -8,7 +8,8 @@ Per scheduled request (batch order = the scheduler's order) with n tokens of whi
 - the n - k known tokens are gathered from the device token history (the previous step appended its
   sampled token there); the k draft slots are gathered from the device drafts (sync scheduling writes
   the host's draft ids there first). A slot with no draft is fed token 0 and rejected by construction:
-  ``-1`` never reaches the embedding;
+  ``-1`` never reaches the embedding. On the CPU a placeholder slot the proposer left empty is not fed at
+  all (``_filled_slots``): the request's rows are its known tokens and its filled slots;
 - a request samples when the scheduler says so (``SchedulerOutput.sampling_req_ids``); its logits rows
   are its last known token's row plus one row per draft slot.
 The host knows every shape (query lengths come from the scheduler). Sequence lengths are exact on the
@@ -82,6 +83,7 @@ def prepare_inputs(
     sampling_ids = so.sampling_req_ids
     # Every request one known token (plain decode): row i is request i, at its frontier.
     decode_only = so.total_num_scheduled_tokens == len(so.num_scheduled_tokens) and not spec
+    filled = _filled_slots(so, ib, device) if spec and not tree_nodes else {}
     plans: list[RequestPlan] = []
     seq_lens, logits_rows, slots, n_list = [], [], [], []
     row_slot, row_offset, row_draft = [], [], []  # per row: slot, offset in request, draft index or -1
@@ -95,7 +97,9 @@ def prepare_inputs(
         exact = rid not in stale
         host_drafts = list(host_slots) if k and host_slots[0] != -1 else None  # type: ignore[index]
         known = n - k
-        rows = known + tree_nodes if rid in so.tree_req_ids else n  # a tree verify: the root and every node
+        if rid in filled:  # placeholder slots the proposer left empty: no rows (see _filled_slots)
+            k = filled[rid]
+        rows = known + tree_nodes if rid in so.tree_req_ids else known + k  # a tree verify: the root and every node
         start_ub = st.num_computed_tokens if exact else logical.get(rid, st.num_computed_tokens)
         if exact and start_ub + known > len(st.prompt_token_ids) + len(st.output_token_ids):
             raise RuntimeError(
@@ -181,3 +185,27 @@ def prepare_inputs(
     sampling_index = [i for i, p in enumerate(plans) if p.samples]
     return StepInputs(batch, plans, logits_rows, row_to_logit, base, [plans[i] for i in sampling_index],
                       sampling_index, any_plp)
+
+
+def _filled_slots(so: SchedulerOutput, ib: InputBatch, device: torch.device) -> dict[str, int]:
+    """Per request whose draft slots are placeholders (async scheduling: the drafts were made during the step
+    before, after this step was scheduled), how many of them hold a draft — the valid prefix of its drafts,
+    as the verify reads it (``ModelRunner._sample``). The proposer leaves a slot empty where it found nothing
+    to draft (prompt lookup without a match, a suffix below its score), and an empty slot would be fed token 0
+    and rejected by construction: a logits row through every layer for nothing. So those rows are not fed:
+    the request verifies its filled slots, the scheduler rolls its frontier back by every slot it scheduled
+    and did not get accepted, as for a rejected one (outputs are the same by construction; a synchronous
+    step schedules only real drafts in the first place). Only where the drafts are readable without waiting on
+    the device (a CPU batch; the worker thread wrote them in the step before); chains only (a tree verify's
+    rows are its tree's)."""
+    if device.type != "cpu":
+        return {}
+    asked = [(rid, ib.reqs[rid].slot, len(slots)) for rid, slots in so.scheduled_spec_decode_tokens.items()
+             if slots and slots[0] == -1 and rid not in so.tree_req_ids and rid in ib.reqs]
+    if not asked:
+        return {}
+    width = max(k for _, _, k in asked)
+    idx = torch.tensor([slot for _, slot, _ in asked], dtype=torch.int64)
+    valid = (ib.drafts.index_select(0, idx)[:, :width] >= 0).cumprod(dim=1).sum(dim=1).tolist()
+    return {rid: min(k, v) for (rid, _, k), v in zip(asked, valid)}
+
