@@ -163,6 +163,26 @@ def test_per_request_choice_follows_acceptance_and_limits():
     assert pol.plan([(good, 1), (bad, 3)])["good"] == 1 and pol.propose_k == 3
 
 
+def test_slots_left_empty_count_as_misses_for_the_policy_only():
+    """Async scheduling schedules draft slots before the drafts exist; a slot the proposer left empty (prompt
+    lookup without a match) yields nothing, so what a scheduled slot is worth counts it as a miss — a request
+    whose drafts stop after one is not given three slots — while verified drafts stay all accepted."""
+    pol = _policy(3, 4e-3, 0.5e-3)
+    stub, full = _Req("stub"), _Req("full")
+    for _ in range(30):
+        pol.observe_drafts(stub, 1, 1, num_slots=3)  # one draft made, accepted; slots 2 and 3 empty
+        pol.observe_drafts(full, 3, 3, num_slots=3)
+    assert pol._alpha(stub)[0] > 0.9 and pol._alpha(stub)[1] < 0.2
+    assert pol._alpha(full)[1] > 0.9
+    k = pol.plan([(stub, 3), (full, 3)] + [(_Req(f"x{i}"), 3) for i in range(8)])
+    assert k["stub"] == 1 and k["full"] == 3
+    none = _Req("none")  # slots scheduled, nothing drafted at all: a miss at the first slot
+    for _ in range(30):
+        pol.observe_drafts(none, 0, 0, num_slots=2)
+    assert pol._alpha(none)[0] < 0.2
+    assert pol.verified_k[0] == 30 and pol.verified_k[1] == 30  # the histogram counts verified drafts
+
+
 def test_acceptance_estimates_are_per_temperature_class():
     pol = AdaptivePolicy(2, "ngram")
     hot = _Req("hot", temperature=1.0)

@@ -53,7 +53,7 @@ def commit_step(
             req.spec_stats.observe(num_valid, num_accepted, num_invalid)
             sched.counters.spec.observe(num_valid, num_accepted, num_invalid)
     if sched.num_spec_tokens and step.num_scheduled == step.num_drafts + 1:  # a decode step
-        sched.spec_policy.observe_drafts(req, num_valid, num_accepted, step.tree)
+        sched.spec_policy.observe_drafts(req, num_valid, num_accepted, step.tree, step.num_drafts)
     logprobs = out.logprobs[idx] if out.logprobs is not None and idx is not None else None
 
     new_tokens = sampled

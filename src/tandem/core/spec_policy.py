@@ -25,7 +25,9 @@ second — from two estimates:
   level over the last ~30 steps; once fitted it stays fitted (the slopes stand while the steps are alike).
   ``per_pass`` is what drafting costs whatever the rows (a head pass over the batch, its LM head); it is what
   makes a step's first draft slots dear and the rest cheap. Where the steps seen cannot tell it from
-  ``per_row`` (passes and rows moving together) it is left at 0.
+  ``per_row`` (passes and rows moving together) it is left at 0. ``n`` counts scheduled slots: where the worker
+  does not feed the ones the proposer left empty (async on the CPU, worker/input_prep.py), the fit prices a
+  scheduled slot at its average cost, empty ones included — as the acceptance counts only filled ones.
 
 A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B`` seconds without drafts.
 Draft slots are taken best first (largest ``g``); of those prefixes the policy keeps the one with the highest
@@ -103,9 +105,12 @@ class FixedPolicy:
         for every request that decodes this step. Sets ``propose_k``: the drafts made during this step."""
         return {req.request_id: cap for req, cap in decode}
 
-    def observe_drafts(self, req: Request, num_valid: int, num_accepted: int, tree: bool = False) -> None:
+    def observe_drafts(
+        self, req: Request, num_valid: int, num_accepted: int, tree: bool = False, num_slots: int | None = None
+    ) -> None:
         """A decode step of ``req`` came back: it verified ``num_valid`` drafts (0: none; a tree's depth) and
-        accepted ``num_accepted``; ``tree``: the drafts were a tree."""
+        accepted ``num_accepted``; ``tree``: the drafts were a tree; ``num_slots``: the draft slots it was
+        scheduled (``None``: ``num_valid``; more under async scheduling where the proposer left some empty)."""
         self.verified_k[min(num_valid, self.k)] += 1
 
     def observe_step(self, so: SchedulerOutput, busy: bool) -> None:
@@ -299,9 +304,15 @@ class AdaptivePolicy(FixedPolicy):
             return True
         return False
 
-    def observe_drafts(self, req: Request, num_valid: int, num_accepted: int, tree: bool = False) -> None:
+    def observe_drafts(
+        self, req: Request, num_valid: int, num_accepted: int, tree: bool = False, num_slots: int | None = None
+    ) -> None:
         self.verified_k[min(num_valid, self.k)] += 1
-        if num_valid <= 0:
+        # A scheduled slot the proposer left empty (async: slots are scheduled before the drafts exist), reached
+        # with every draft before it accepted, yielded nothing: a miss for what a slot is worth here, though
+        # no rejection in the reported statistics (they count verified drafts only).
+        empty = num_slots is not None and not tree and num_accepted == num_valid < min(num_slots, self.k)
+        if num_valid <= 0 and not empty:
             return
         if tree:  # a tree's acceptance is not a chain's per-position one: its own estimate
             t = self.tree_accepted[self._kind_of(req)[0]]
@@ -314,7 +325,7 @@ class AdaptivePolicy(FixedPolicy):
             own = ([0.0] * self.k, [0.0] * self.k)
             self.by_request[req.request_id] = (*own, self._step)
         acc, n = own
-        for j in range(min(num_accepted + 1, num_valid, self.k)):
+        for j in range(min(num_accepted + 1, num_valid + empty, self.k)):
             hit = 1.0 if j < num_accepted else 0.0
             acc[j] += hit
             n[j] += 1.0
