@@ -27,7 +27,8 @@ second — from two estimates:
   makes a step's first draft slots dear and the rest cheap. Where the steps seen cannot tell it from
   ``per_row`` (passes and rows moving together) it is left at 0. ``n`` counts scheduled slots: where the worker
   does not feed the ones the proposer left empty (async on the CPU, worker/input_prep.py), the fit prices a
-  scheduled slot at its average cost, empty ones included — as the acceptance counts only filled ones.
+  scheduled slot at its average cost, empty ones included, and the acceptance estimate counts an empty slot as
+  a miss (``observe_drafts``), so both are per scheduled slot.
 
 A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B`` seconds without drafts.
 Draft slots are taken best first (largest ``g``); of those prefixes the policy keeps the one with the highest

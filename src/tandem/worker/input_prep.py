@@ -208,4 +208,3 @@ def _filled_slots(so: SchedulerOutput, ib: InputBatch, device: torch.device) -> 
     idx = torch.tensor([slot for _, slot, _ in asked], dtype=torch.int64)
     valid = (ib.drafts.index_select(0, idx)[:, :width] >= 0).cumprod(dim=1).sum(dim=1).tolist()
     return {rid: min(k, v) for (rid, _, k), v in zip(asked, valid)}
-
