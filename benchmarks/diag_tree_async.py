@@ -32,9 +32,9 @@ def arm(async_scheduling: bool, prompts: int, method: str, max_tokens: int) -> d
     records: dict[str, list] = collections.defaultdict(list)
     observe = policy.observe_drafts
 
-    def recording(req, num_valid, num_accepted, tree=False):  # noqa: ANN001, ANN202
+    def recording(req, num_valid, num_accepted, tree=False, num_slots=None):  # noqa: ANN001, ANN202
         records[req.request_id].append((num_valid, num_accepted, int(tree), req.num_output_tokens))
-        return observe(req, num_valid, num_accepted, tree)
+        return observe(req, num_valid, num_accepted, tree, num_slots)
 
     policy.observe_drafts = recording
     outs = llm.generate(humaneval(prompts), SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)

@@ -196,12 +196,12 @@ def _filled_slots(so: SchedulerOutput, ib: InputBatch, device: torch.device) -> 
     the request verifies its filled slots, the scheduler rolls its frontier back by every slot it scheduled
     and did not get accepted, as for a rejected one (outputs are the same by construction; a synchronous
     step schedules only real drafts in the first place). Only where the drafts are readable without waiting on
-    the device (a CPU batch; the worker thread wrote them in the step before); chains only (a tree verify's
-    rows are its tree's)."""
+    the device (a CPU batch; the worker thread wrote them in the step before); chains only (the caller skips
+    batches with trees: a tree verify's rows are its tree's)."""
     if device.type != "cpu":
         return {}
     asked = [(rid, ib.reqs[rid].slot, len(slots)) for rid, slots in so.scheduled_spec_decode_tokens.items()
-             if slots and slots[0] == -1 and rid not in so.tree_req_ids and rid in ib.reqs]
+             if slots and slots[0] == -1]
     if not asked:
         return {}
     width = max(k for _, _, k in asked)
