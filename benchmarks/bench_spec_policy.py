@@ -64,6 +64,7 @@ def main() -> int:
     out_dir = Path(ns.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="tandem-bench-policy-"))
+    print(f"server logs and each run's bench serve result: {logs}", flush=True)
     table = arms(ns.methods, ns.k, ns.fixed_k or [ns.k])
     commands: list[str] = []
     runs, names = [], list(table)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,6 +113,7 @@ def launch(*flags: str, env: dict[str, str] | None = None) -> Iterator[RemoteSer
         yield server
     finally:
         _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)  # the server's stdout / stderr, read only while it runs
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], out_path: Path, log_path: Path) -> str:
