@@ -50,7 +50,7 @@ def test_drafts_keep_a_step_within_the_fast_paths_rows():
     pol.fast_rows = 64
     k = pol.plan(decode)
     assert sum(k.values()) == 32 and pol.propose_k >= 1
-    pol._since_explore, pol._verify_all_next = -10_000, True  # an exploring step: all drafts, within the bound
+    pol._since_explore, pol._verify_next = -10_000, 1  # an exploring step: all drafts, within the bound
     assert sum(pol.plan(decode).values()) == 32
     wide = [(_Req(f"w{i}"), 3) for i in range(70)]
     assert sum(pol.plan(wide).values()) == 3 * 70
@@ -79,7 +79,7 @@ class _Req:
 def _policy(k: int, fixed: float, per_row: float, per_pass: float = 0.0) -> AdaptivePolicy:
     pol = AdaptivePolicy(k, "eagle3")
     pol.cost = _fitted(fixed, per_row, per_pass)
-    pol._since_explore = -10_000  # no exploration step in these decisions
+    pol._since_explore = pol._since_deep = -10_000  # no exploration step in these decisions
     return pol
 
 
@@ -105,7 +105,7 @@ def test_a_seeded_sampled_request_is_never_varied():
 def _tree_policy(fixed: float, per_row: float, tree_accepted: float) -> AdaptivePolicy:
     pol = AdaptivePolicy(3, "eagle3", tree_nodes=6)
     pol.cost = _fitted(fixed, per_row)
-    pol._since_explore = pol._since_tree = -10_000  # no exploration step in these decisions
+    pol._since_explore = pol._since_tree = pol._since_deep = -10_000  # no exploration step in these decisions
     pol.tree_accepted[0] = [tree_accepted, 3.0]
     return pol
 
@@ -233,6 +233,26 @@ def test_explorations_are_one_draft_deep_and_back_off_while_they_confirm_the_cho
             assert set(after.values()) == {1} and pol.propose_k == 0
     gaps = [b - a + 1 for a, b in zip(explored, explored[1:])]  # + the verifying step, planned inside the loop
     assert gaps[:5] == [EXPLORE_EVERY, 2 * EXPLORE_EVERY, 4 * EXPLORE_EVERY, EXPLORE_MAX, EXPLORE_MAX]
+
+
+def test_a_shallow_choice_is_explored_deeper_and_corrected():
+    """Class estimates of draft positions 2 and 3 left low by an earlier workload, and requests that now accept
+    every draft: one draft each is the choice, which never verifies position 2, so no evidence could correct it.
+    After EXPLORE_EVERY such steps one step drafts and the next verifies as deep as the limits allow, and the
+    choice then goes deeper (suffix decoding on prompts it has cached: 328 vs 497 tok/s fixed, before)."""
+    pol = _policy(3, 9e-3, 1.1e-3)
+    pol._since_deep = 0
+    pol.by_class[0] = [1.0, 0.45, 0.77]
+    reqs = [_Req(f"r{i}") for i in range(4)]
+    depths = []
+    for _ in range(3 * EXPLORE_EVERY):
+        k = pol.plan([(r, 3) for r in reqs])
+        for r in reqs:
+            pol.observe_drafts(r, k[r.request_id], k[r.request_id])  # every draft verified is accepted
+        depths.append(max(k.values()))
+    first = depths.index(3)
+    assert set(depths[:first]) == {1} and first == EXPLORE_EVERY - 1 and pol.propose_k == 3
+    assert set(depths[first + 2:]) == {3}  # the choice itself, from then on (no shallower step left to explore)
 
 
 def test_config_and_factory():

@@ -43,7 +43,12 @@ without drafts is priced by the line alone), nor do trees. Until the cost is fit
 steps (more often before the first fit) one step does the opposite of the choice — no drafts, or one draft a
 request (one drafting pass in that step, its rows verified in the next) — so the estimate never freezes. While
 explorations keep finding the same choice (drafting or not), their interval doubles, up to ``EXPLORE_MAX``: where
-drafts never pay (a compute-bound batch) exploring is what speculation costs.
+drafts never pay (a compute-bound batch) exploring is what speculation costs. The acceptance estimates need
+exploring too: a draft position's estimate learns only from drafts verified there, so a choice shallower than the
+limits allow would keep a low estimate of the deeper positions forever (a class estimate left by an earlier
+workload: suffix decoding on fresh prompts, then on prompts it has cached, accepting everything). After
+``EXPLORE_EVERY`` steps of such a choice one step drafts as deep as the limits allow and the next verifies it all;
+the interval doubles, up to ``EXPLORE_MAX``, while the choice stays shallow.
 
 With draft trees (``speculative_config.tree``) the policy also chooses, per step, whether the drafts made in it
 are trees or chains: trees when their expected rate beats the chains' by ``MARGIN`` under the same cost fit (a
@@ -143,7 +148,12 @@ class AdaptivePolicy(FixedPolicy):
         self._since_explore = 0
         self._explore_every = EXPLORE_EVERY
         self._was_drafting: bool | None = None  # the choice at the last exploration
-        self._verify_all_next = False  # exploring: one draft each was asked for the next step, which verifies it
+        # exploring: the drafts a request the next step verifies, whatever it would choose (0: none asked for)
+        self._verify_next = 0
+        # steps since the choice was as deep as the limits allow (or since the last deep exploration), and the
+        # interval at which a shallower choice is explored deeper (see plan)
+        self._since_deep = 0
+        self._deep_every = EXPLORE_EVERY
         # request id -> (its temperature class, whether it is seeded and samples), learned once
         self._kind: dict[str, tuple[int, bool]] = {}
         # Draft trees (``tree_nodes`` > 0): per temperature class, (accepted, verified depth) of a tree verify,
@@ -248,9 +258,13 @@ class AdaptivePolicy(FixedPolicy):
         want = self._allocate(limits) if self.cost.fitted else full
         verify = None  # this step's verified drafts where they are not ``want`` (an exploration's)
         self._since_explore += 1
+        self._since_deep += 1
         due = self._since_explore >= (self._explore_every if self.cost.fitted else MIN_FIT_STEPS)
-        if self._verify_all_next:
-            self._verify_all_next, verify = False, self._fill(limits, 1)
+        if want == full:  # as deep as the limits allow: nothing left unexplored below
+            self._since_deep, self._deep_every = 0, EXPLORE_EVERY
+        if self._verify_next:
+            verify = self._fill(limits, self._verify_next)
+            self._verify_next = 0
         elif due and self.cost.steps >= MIN_FIT_STEPS:
             self._since_explore = 0
             self.num_exploration_steps += 1
@@ -261,7 +275,15 @@ class AdaptivePolicy(FixedPolicy):
             if drafting:
                 want = [0] * len(decode)  # one step without drafts ...
             else:  # ... or one draft each now, verified next step
-                self._verify_all_next, want = True, self._fill(limits, 1)
+                self._verify_next, want = 1, self._fill(limits, 1)
+        elif any(want) and self._since_deep >= self._deep_every:
+            # Drafting, but shallower than the limits allow, for a while: a deeper position's estimate is learnt
+            # only from drafts verified there, so a low one would never be corrected (a class estimate from an
+            # earlier workload). Every draft now, all verified in the next step; the interval doubles while the
+            # choice stays shallow.
+            self._since_deep, self._deep_every = 0, min(2 * self._deep_every, EXPLORE_MAX)
+            self.num_exploration_steps += 1
+            self._verify_next, want = self.k, full
         # A seed asks for reproducible outputs: which random numbers a sampled request consumes depends on its
         # k, so a seeded one is never varied (every draft, as under "fixed").
         want = [self.k if s else w for s, w in zip(seeded, want)]
