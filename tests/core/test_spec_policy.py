@@ -3,10 +3,12 @@ over the scripted fake runner, sync and async — ledgers exact, outputs the mod
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import pytest
 
 from tandem.core.spec_policy import EXPLORE_EVERY, AdaptivePolicy, FixedPolicy, make_policy
-from tandem.core.step_cost import StepCost
+from tandem.core.step_cost import BatchLine, StepCost, batch_class
 from tandem.speculative_config import SpeculativeConfig
 from tests.core.harness import make_engine, make_request, run_to_completion
 
@@ -50,7 +52,7 @@ def test_drafts_keep_a_step_within_the_fast_paths_rows():
     pol.fast_rows = 64
     k = pol.plan(decode)
     assert sum(k.values()) == 32 and pol.propose_k >= 1
-    pol._since_explore, pol._verify_next = -10_000, 1  # an exploring step: all drafts, within the bound
+    pol._verify_next = 1  # an exploring step: all drafts, within the bound
     assert sum(pol.plan(decode).values()) == 32
     wide = [(_Req(f"w{i}"), 3) for i in range(70)]
     assert sum(pol.plan(wide).values()) == 3 * 70
@@ -78,9 +80,14 @@ class _Req:
 
 def _policy(k: int, fixed: float, per_row: float, per_pass: float = 0.0) -> AdaptivePolicy:
     pol = AdaptivePolicy(k, "eagle3")
-    pol.cost = _fitted(fixed, per_row, per_pass)
-    pol._since_explore = pol._since_deep = -10_000  # no exploration step in these decisions
+    pol.lines = _lines(_fitted(fixed, per_row, per_pass))
+    pol._since_deep = -10_000  # no exploration step in these decisions
     return pol
+
+
+def _lines(cost: StepCost) -> defaultdict[int, BatchLine]:
+    """Every batch class on one fitted line, with no exploration due."""
+    return defaultdict(lambda: BatchLine(cost, since_explore=-10_000))
 
 
 def test_latency_bound_single_stream_takes_every_draft():
@@ -104,8 +111,8 @@ def test_a_seeded_sampled_request_is_never_varied():
 
 def _tree_policy(fixed: float, per_row: float, tree_accepted: float) -> AdaptivePolicy:
     pol = AdaptivePolicy(3, "eagle3", tree_nodes=6)
-    pol.cost = _fitted(fixed, per_row)
-    pol._since_explore = pol._since_tree = pol._since_deep = -10_000  # no exploration step in these decisions
+    pol.lines = _lines(_fitted(fixed, per_row))
+    pol._since_tree = pol._since_deep = -10_000  # no exploration step in these decisions
     pol.tree_accepted[0] = [tree_accepted, 3.0]
     return pol
 
@@ -210,8 +217,8 @@ def test_explores_until_the_cost_is_fitted():
         k = pol.plan(decode)
         rows = len(decode) + sum(k.values())
         seen.add(rows)
-        pol.cost.observe(rows, 1e-3 + 1e-3 * rows)
-    assert pol.cost.fitted and len(seen) >= 2 and pol.num_exploration_steps >= 1
+        pol.lines[batch_class(4)].cost.observe(rows, 1e-3 + 1e-3 * rows)
+    assert pol.lines[batch_class(4)].cost.fitted and len(seen) >= 2 and pol.num_exploration_steps >= 1
 
 
 def test_explorations_are_one_draft_deep_and_back_off_while_they_confirm_the_choice():
@@ -221,7 +228,7 @@ def test_explorations_are_one_draft_deep_and_back_off_while_they_confirm_the_cho
     from tandem.core.spec_policy import EXPLORE_MAX
 
     pol = _policy(3, 1e-3, 1e-3)  # compute-bound: no draft pays
-    pol._since_explore = 0
+    pol.lines[batch_class(32)].since_explore = 0
     reqs = [_Req(f"r{i}") for i in range(32)]
     explored = []
     for step in range(2200):
@@ -275,7 +282,7 @@ def _run(async_scheduling: bool, step_cost, policy: str = "adaptive", n: int = 6
 def test_engine_latency_bound_speculates(async_scheduling):
     core, _, delivered = _run(async_scheduling, LATENCY_BOUND)
     pol = core.scheduler.spec_policy
-    assert pol.cost.fitted
+    assert any(line.cost.fitted for line in pol.lines.values())
     assert pol.verified_k[3] > 0.8 * sum(pol.verified_k)
     _, _, plain = _run(async_scheduling, LATENCY_BOUND, policy="fixed")
     assert {r: d.tokens for r, d in delivered.items()} == {r: d.tokens for r, d in plain.items()}
@@ -293,3 +300,60 @@ def test_engine_compute_bound_stops_drafting(async_scheduling):
     assert spec.num_draft_tokens == sum(d.drafts for d in delivered.values())
     assert spec.num_accepted_tokens == sum(d.accepted for d in delivered.values())
     assert spec.acceptance_rate == pytest.approx(fixed_core.scheduler.counters.spec.acceptance_rate, abs=0.15)
+
+
+def test_a_one_pass_drafter_pays_its_pass_once_and_explores_every_draft():
+    """ngram and suffix make every draft in one lookup: a step that drafts costs one pass whatever its depth,
+    so where a head (a pass a draft) stops at one draft they take all three; and their exploration from not
+    drafting verifies every draft the limits allow, the deeper rows being what the line must learn."""
+    chosen = {}
+    for method in ("suffix", "eagle3"):
+        pol = AdaptivePolicy(3, method)
+        pol.lines = _lines(_fitted(5e-3, 0.4e-3, 0.9e-3))
+        pol._since_deep = -10_000
+        pol.by_class[0] = [0.4, 0.5, 0.6]
+        chosen[method] = pol.plan([(_Req("a"), 3)])["a"]
+    assert chosen == {"suffix": 3, "eagle3": 1}
+    for method, depth in (("suffix", 3), ("eagle3", 1)):
+        pol = _policy(3, 1e-3, 1e-3)  # compute-bound: no draft pays
+        pol.max_passes = 1 if method == "suffix" else 3
+        pol.lines[batch_class(8)].since_explore = 10_000  # an exploration is due
+        reqs = [_Req(f"r{i}") for i in range(8)]
+        pol.lines[batch_class(8)].was_drafting = False
+        pol.plan([(r, 0) for r in reqs])
+        assert pol.propose_k == depth
+        assert set(pol.plan([(r, depth) for r in reqs]).values()) == {depth}  # all verified next step
+
+
+def test_each_batch_class_has_its_own_line():
+    """A verify row at one stream rides the weight read; at 32 streams it is compute. The slope seen at 32
+    streams must not price a lone stream's drafts: each class of batch sizes fits its own line from its steps."""
+    from types import SimpleNamespace
+
+    now = [0.0]
+    pol = AdaptivePolicy(3, "suffix", clock=lambda: now[0])
+    pol.by_class[0] = [0.6, 0.6, 0.6]
+
+    def step(n_reqs: int, drafts: int, seconds: float) -> None:
+        ids = [f"r{i}" for i in range(n_reqs)]
+        spec = {r: [1] * drafts for r in ids}
+        so = SimpleNamespace(scheduled_spec_decode_tokens=spec, sampling_req_ids=set(ids),
+                             num_scheduled_tokens={r: 1 + drafts for r in ids},
+                             total_num_scheduled_tokens=n_reqs * (1 + drafts), num_tree_rows=0,
+                             num_drafts_to_propose=drafts, draft_trees=False)
+        now[0] += seconds
+        pol.observe_step(so, busy=True)
+
+    for i in range(200):  # 32 streams: 2 ms a row; one stream: 0.3 ms a row on a 5 ms step
+        d = i % 4
+        step(32, d, 10e-3 + 2e-3 * 32 * (1 + d))
+    for i in range(200):
+        d = i % 4
+        step(1, d, 5e-3 + 0.3e-3 * (1 + d) + (0.5e-3 if d else 0.0))
+    lone, wide = pol.lines[batch_class(1)].cost, pol.lines[batch_class(32)].cost
+    assert lone.per_row == pytest.approx(0.3e-3, rel=0.1) and wide.per_row == pytest.approx(2e-3, rel=0.1)
+    pol._since_deep = -10_000
+    for line in pol.lines.values():
+        line.since_explore = -10_000
+    assert pol.plan([(_Req("a"), 3)]) == {"a": 3}
+    assert set(pol.plan([(_Req(f"w{i}"), 3) for i in range(32)]).values()) == {0}

@@ -24,8 +24,13 @@ second — from two estimates:
   slopes by least squares over a long memory of each step's difference from the steps just before it, the
   level over the last ~30 steps; once fitted it stays fitted (the slopes stand while the steps are alike).
   ``per_pass`` is what drafting costs whatever the rows (a head pass over the batch, its LM head); it is what
-  makes a step's first draft slots dear and the rest cheap. Where the steps seen cannot tell it from
-  ``per_row`` (passes and rows moving together) it is left at 0. ``n`` counts scheduled slots: where the worker
+  makes a step's first draft slots dear and the rest cheap. A drafter making every draft in one lookup
+  (``ONE_PASS_METHODS``) counts one pass for a step that drafts at all: its cost, with the switch from plain
+  sampling to verification, is a step's, not a draft's (suffix, one stream: ~1.3 ms for the first draft, ~0.4
+  for each further one). Where the steps seen cannot tell it from ``per_row`` (passes and rows moving
+  together) it is left at 0. One line per batch class (``step_cost.batch_class``), each with its own
+  explorations: at one stream a verify row rides the weight read (~0.4 ms), at 32 it is compute (~1.1 ms), and
+  a single line carried a 32-stream slope into a one-stream phase whose alike steps never refitted it. ``n`` counts scheduled slots: where the worker
   does not feed the ones the proposer left empty (async on the CPU, worker/input_prep.py), the fit prices a
   scheduled slot at its average cost, empty ones included, and the acceptance estimate counts an empty slot as
   a miss (``observe_drafts``), so both are per scheduled slot.
@@ -40,15 +45,14 @@ compute-bound, acceptance is low, drafting passes cost more than the tokens they
 several times dearer a row, a cliff no line fits: drafts never take a step past it (a step already past it
 without drafts is priced by the line alone), nor do trees. Until the cost is fitted every draft is verified
 (the fixed behaviour, measured). The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
-steps (more often before the first fit) one step does the opposite of the choice — no drafts, or one draft a
-request (one drafting pass in that step, its rows verified in the next) — so the estimate never freezes. While
-explorations keep finding the same choice (drafting or not), their interval doubles, up to ``EXPLORE_MAX``: where
-drafts never pay (a compute-bound batch) exploring is what speculation costs. The acceptance estimates need
-exploring too: a draft position's estimate learns only from drafts verified there, so a choice shallower than the
-limits allow would keep a low estimate of the deeper positions forever (a class estimate left by an earlier
-workload: suffix decoding on fresh prompts, then on prompts it has cached, accepting everything). After
-``EXPLORE_EVERY`` steps of such a choice one step drafts as deep as the limits allow and the next verifies it all;
-the interval doubles, up to ``EXPLORE_MAX``, while the choice stays shallow.
+steps (more often before the first fit) one step does the opposite of the choice — no drafts, or what one
+drafting pass makes (one draft a request; a one-pass drafter's every draft), verified in the next step — so
+the estimate never freezes. While explorations keep finding the same choice (drafting or not), their interval
+doubles, up to ``EXPLORE_MAX``: where drafts never pay exploring is what speculation costs. Acceptance needs
+exploring too: a draft position's estimate learns only from drafts verified there, so a choice shallower than
+the limits allow would keep a low estimate of the deeper positions forever (one left by an earlier workload).
+After ``EXPLORE_EVERY`` steps of such a choice one step drafts as deep as the limits allow and the next
+verifies it all; the interval doubles, up to ``EXPLORE_MAX``, while the choice stays shallow.
 
 With draft trees (``speculative_config.tree``) the policy also chooses, per step, whether the drafts made in it
 are trees or chains: trees when their expected rate beats the chains' by ``MARGIN`` under the same cost fit (a
@@ -56,25 +60,26 @@ tree verify is ``1 + max_nodes`` rows, plus what tree steps cost beyond the line
 average of their residuals, tree steps being kept out of the line's fit; its accepted tokens a moving average per
 temperature class, started at ``TREE_GAIN_PRIOR`` times the chain's prior). ``fixed`` always drafts trees.
 
-A request with a seed and a temperature is never varied: the random numbers it consumes depend on its k, and
-a seed promises reproducible outputs (greedy requests are the same whatever k is).
-
-Acceptance statistics count drafts actually verified (a slot the policy did not schedule is not a
-rejection), so ``acceptance_rate`` stays honest under any k.
+A seeded sampled request is never varied (the random numbers it consumes depend on its k). Acceptance
+statistics count drafts actually verified, so ``acceptance_rate`` stays honest under any k.
 """
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Callable
 
 from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
-from tandem.core.step_cost import MIN_FIT_STEPS, StepCost
+from tandem.core.step_cost import MIN_FIT_STEPS, BatchLine, batch_class
 
 POLICIES = ("adaptive", "fixed")
 # Prior conditional acceptance per draft position, by method, before anything is measured.
 METHOD_PRIOR = {"ngram": 0.5, "suffix": 0.5, "draft_model": 0.6, "eagle": 0.6, "eagle3": 0.6, "mtp": 0.6}
+# Drafters that make all their drafts in one pass whatever the depth (a lookup in the tokens): for them a step's
+# ``passes`` is 1 where it drafts at all, so ``per_pass`` prices drafting at all, not each draft.
+ONE_PASS_METHODS = frozenset({"ngram", "suffix"})
 FADE = 0.93  # per step, of a request's own acceptance counts (half-life ~10 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
 GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
@@ -138,16 +143,14 @@ class AdaptivePolicy(FixedPolicy):
         super().__init__(k)
         self.clock = clock
         self.fast_rows = fast_rows  # drafts keep a step within this many rows (0: no bound)
+        self.max_passes = 1 if method in ONE_PASS_METHODS else k  # drafting passes of a step, at most
         self._last: float | None = None  # when the previous step came back, while requests kept running
         prior = METHOD_PRIOR.get(method, 0.5)
         self.by_class = [[prior] * k for _ in TEMPERATURE_CLASSES]
         # request id -> (accepted counts, verified counts) per position, and the step they were last faded at
         self.by_request: dict[str, tuple[list[float], list[float], int]] = {}
         self._step = 0
-        self.cost = StepCost()
-        self._since_explore = 0
-        self._explore_every = EXPLORE_EVERY
-        self._was_drafting: bool | None = None  # the choice at the last exploration
+        self.lines: defaultdict[int, BatchLine] = defaultdict(lambda: BatchLine(explore_every=EXPLORE_EVERY))
         # exploring: the drafts a request the next step verifies, whatever it would choose (0: none asked for)
         self._verify_next = 0
         # steps since the choice was as deep as the limits allow (or since the last deep exploration), and the
@@ -197,7 +200,7 @@ class AdaptivePolicy(FixedPolicy):
     def _allocate(self, decode: list[tuple[Request, int]]) -> list[int]:
         """Drafts per request (up to its limit) maximizing expected tokens per second: of the prefixes of the
         slots best first, the one with the highest rate, the drafts' rows and passes counted at ``MARGIN``."""
-        cost = self.cost
+        cost = self.lines[batch_class(len(decode))].cost
         slot_cost, pass_cost = MARGIN * cost.per_row, MARGIN * cost.per_pass
         tokens, seconds = float(len(decode)), cost.seconds(len(decode))
         best_rate, best_n, passes = tokens / seconds, 0, 0
@@ -216,8 +219,9 @@ class AdaptivePolicy(FixedPolicy):
             if -neg_g <= best_rate * slot_cost or taken > room:  # this slot and every later one lower the rate
                 break
             tokens -= neg_g
-            seconds += slot_cost + pass_cost * max(j + 1 - passes, 0)
-            passes = max(passes, j + 1)
+            depth = min(j + 1, self.max_passes)
+            seconds += slot_cost + pass_cost * max(depth - passes, 0)
+            passes = max(passes, depth)
             if tokens / seconds > best_rate:
                 best_rate, best_n = tokens / seconds, taken
         chosen = [0] * len(decode)
@@ -251,31 +255,34 @@ class AdaptivePolicy(FixedPolicy):
         if not decode:
             return {}
         self._step += 1
+        line = self.lines[batch_class(len(decode))]
+        cost = line.cost
         seeded = [self._kind_of(req)[1] for req, _ in decode]
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
         full = self._fill(limits)
-        want = self._allocate(limits) if self.cost.fitted else full
+        want = self._allocate(limits) if cost.fitted else full
         verify = None  # this step's verified drafts where they are not ``want`` (an exploration's)
-        self._since_explore += 1
+        line.since_explore += 1
         self._since_deep += 1
-        due = self._since_explore >= (self._explore_every if self.cost.fitted else MIN_FIT_STEPS)
+        due = line.since_explore >= (line.explore_every if cost.fitted else MIN_FIT_STEPS)
         if want == full:  # as deep as the limits allow: nothing left unexplored below
             self._since_deep, self._deep_every = 0, EXPLORE_EVERY
         if self._verify_next:
             verify = self._fill(limits, self._verify_next)
             self._verify_next = 0
-        elif due and self.cost.steps >= MIN_FIT_STEPS:
-            self._since_explore = 0
+        elif due and cost.steps >= MIN_FIT_STEPS:
+            line.since_explore = 0
             self.num_exploration_steps += 1
             drafting = any(want)
-            same = drafting == self._was_drafting
-            self._explore_every = min(2 * self._explore_every, EXPLORE_MAX) if same else EXPLORE_EVERY
-            self._was_drafting = drafting
+            same = drafting == line.was_drafting
+            line.explore_every = min(2 * line.explore_every, EXPLORE_MAX) if same else EXPLORE_EVERY
+            line.was_drafting = drafting
             if drafting:
                 want = [0] * len(decode)  # one step without drafts ...
-            else:  # ... or one draft each now, verified next step
-                self._verify_next, want = 1, self._fill(limits, 1)
+            else:  # ... or drafts now, verified next step: what one drafting pass makes (see plan)
+                self._verify_next = self.k if self.max_passes == 1 else 1
+                want = self._fill(limits, self._verify_next)
         elif any(want) and self._since_deep >= self._deep_every:
             # Drafting, but shallower than the limits allow, for a while: a deeper position's estimate is learnt
             # only from drafts verified there, so a low one would never be corrected (a class estimate from an
@@ -289,7 +296,7 @@ class AdaptivePolicy(FixedPolicy):
         want = [self.k if s else w for s, w in zip(seeded, want)]
         if self.tree_nodes:
             self.propose_tree = self._trees_pay(limits, want) or any(seeded)  # (a seed: never varied either)
-            if self.propose_tree and self.cost.fitted:  # a tree verifies every level a request may still use
+            if self.propose_tree and cost.fitted:  # a tree verifies every level a request may still use
                 want = [max(w, lim) for w, (_, lim) in zip(want, limits)]
         self.propose_k = max(want)
         if verify is not None:
@@ -303,7 +310,8 @@ class AdaptivePolicy(FixedPolicy):
         chains (tree steps stay out of its fit). Every ``EXPLORE_EVERY`` steps without trees (the first soon
         after the fit) one with them, so their estimates never freeze — unless trees could not win even if
         they accepted every level (their cost alone rules them out: no exploration step is spent on them)."""
-        if not self.cost.fitted:
+        cost = self.lines[batch_class(len(limits))].cost
+        if not cost.fitted:
             return False
         self._since_tree += 1
         n = len(limits)
@@ -318,8 +326,8 @@ class AdaptivePolicy(FixedPolicy):
                 tree_tokens += acc * min(1.0, limit / max(depth, 1e-9))
                 best_tokens += limit
                 tree_rows += self.tree_nodes
-        chain_rate = chain_tokens / self.cost.seconds(n + sum(want), max(want, default=0))
-        tree_seconds = self.cost.seconds(tree_rows, self.k) + self.tree_extra
+        chain_rate = chain_tokens / cost.seconds(n + sum(want), min(max(want, default=0), self.max_passes))
+        tree_seconds = cost.seconds(tree_rows, self.max_passes) + self.tree_extra
         if best_tokens / tree_seconds <= chain_rate or tree_rows - n > self._room(n):
             return False
         if tree_tokens / tree_seconds > MARGIN * chain_rate or self._since_tree >= EXPLORE_EVERY:
@@ -361,13 +369,14 @@ class AdaptivePolicy(FixedPolicy):
         if self._last is not None and all(n == 1 + len(spec.get(r, ())) and r in sampling
                                           for r, n in so.num_scheduled_tokens.items()):
             rows, seconds = so.total_num_scheduled_tokens + so.num_tree_rows, now - self._last
-            passes = so.num_drafts_to_propose or 0
+            cost = self.lines[batch_class(len(so.num_scheduled_tokens))].cost
+            passes = min(so.num_drafts_to_propose or 0, self.max_passes)
             if so.num_tree_rows or so.draft_trees:
-                if self.cost.fitted:
-                    residual = seconds - self.cost.seconds(rows, passes)
+                if cost.fitted:
+                    residual = seconds - cost.seconds(rows, passes)
                     self.tree_extra += TREE_EXTRA_WEIGHT * (residual - self.tree_extra)
             else:
-                self.cost.observe(rows, seconds, passes)
+                cost.observe(rows, seconds, passes)
         self._last = now if busy else None
 
     def forget(self, request_id: str) -> None:
@@ -376,7 +385,8 @@ class AdaptivePolicy(FixedPolicy):
 
     def as_dict(self) -> dict[str, object]:
         out = super().as_dict()
-        out["cost"] = self.cost.as_dict()
+        out["cost"] = {f"{1 << (c - 1)}-{(1 << c) - 1} requests": line.cost.as_dict()
+                       for c, line in sorted(self.lines.items())}
         out["acceptance_by_temperature"] = {name: list(a) for name, a in zip(TEMPERATURE_CLASSES, self.by_class)}
         if self.tree_nodes:
             out["tree_accepted_by_temperature"] = {name: t[0] for name, t in zip(TEMPERATURE_CLASSES, self.tree_accepted)}

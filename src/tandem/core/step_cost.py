@@ -101,3 +101,18 @@ class StepCost:
     def as_dict(self) -> dict[str, float | int | bool]:
         return {"fitted": self.fitted, "fixed_s": self.fixed, "per_row_s": self.per_row,
                 "per_pass_s": self.per_pass, "steps": self.steps}
+
+
+def batch_class(num_reqs: int) -> int:
+    """Which line a step of ``num_reqs`` decoding requests takes: 1, 2-3, 4-7, 8-15, ... requests."""
+    return max(num_reqs, 1).bit_length()
+
+
+@dataclass
+class BatchLine:
+    """A batch class's step cost, and the speculation policy's schedule of the explorations that feed it."""
+
+    cost: StepCost = field(default_factory=StepCost)
+    since_explore: int = 0
+    explore_every: int = 0
+    was_drafting: bool | None = None  # the choice at the last exploration

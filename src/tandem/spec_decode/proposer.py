@@ -75,6 +75,11 @@ class Proposer(ABC):
     # Whether ``propose`` must also run on steps where no request samples (prefill chunks only), with
     # no sampling requests in its input: drafters that keep their own KV from the target's features.
     needs_prefill_steps: ClassVar[bool] = False
+    # Whether ``propose`` also runs on steps that draft nothing (asked for 0 drafts): a host-side proposer
+    # whose per-request state (suffix decoding's index) catches up with every committed token when called.
+    # Left behind, that catch-up (a whole prompt's, ~1.5 ms for 200 tokens) would land on the next step that
+    # drafts — an exploration of the speculation policy's, which then prices drafting at it and may stop.
+    follows_every_step: ClassVar[bool] = False
     # Under tensor parallelism every rank runs the proposer on its own (drafts are replicated, equal
     # on every rank because its inputs are); a proposer that reads sharded target weights cannot.
     SUPPORTS_TENSOR_PARALLEL: ClassVar[bool] = True
@@ -120,6 +125,7 @@ class OnHost(Proposer):
         self.aux_hidden_layers = inner.aux_hidden_layers
         self.needs_lookahead_slots = inner.needs_lookahead_slots
         self.needs_prefill_steps = inner.needs_prefill_steps
+        self.follows_every_step = inner.follows_every_step
 
     def propose(self, inp: ProposeInput) -> torch.Tensor:
         assert inp.apply_tokens is not None

@@ -87,6 +87,7 @@ class SuffixProposer(Proposer):
     method = "suffix"
     SUPPORTS_ASYNC_SCHEDULING = True
     device_native = False  # host-side: it reads the committed tokens (OnHost applies them first)
+    follows_every_step = True  # its indexes catch up on every step, drafting or not
 
     def __init__(self, num_speculative_tokens: int, depth: int, max_cached_requests: int, max_spec_factor: float,
                  min_token_prob: float) -> None:

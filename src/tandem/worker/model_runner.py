@@ -354,7 +354,7 @@ class ModelRunner:
         plans = step.sampling
         with self.tracer.span("propose", track="device", step=step_id, reqs=len(plans), k=k_step):
             slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=self.device)
-            if k_step == 0 and not kv_pass:
+            if k_step == 0 and not kv_pass and not self.proposer.follows_every_step:
                 drafts = torch.full((len(plans), self.k), -1, dtype=torch.int64, device=self.device)
                 self.batch.set_drafts(slots, drafts)  # no drafts this time; a drafter's KV catches up later
                 return drafts, False
