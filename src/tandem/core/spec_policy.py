@@ -72,7 +72,7 @@ from collections.abc import Callable
 
 from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
-from tandem.core.step_cost import MIN_FIT_STEPS, BatchLine, batch_class
+from tandem.core.step_cost import MIN_FIT_STEPS, BatchLine, StepCost, batch_class
 
 POLICIES = ("adaptive", "fixed")
 # Prior conditional acceptance per draft position, by method, before anything is measured.
@@ -200,7 +200,7 @@ class AdaptivePolicy(FixedPolicy):
     def _allocate(self, decode: list[tuple[Request, int]]) -> list[int]:
         """Drafts per request (up to its limit) maximizing expected tokens per second: of the prefixes of the
         slots best first, the one with the highest rate, the drafts' rows and passes counted at ``MARGIN``."""
-        cost = self.lines[batch_class(len(decode))].cost
+        cost = self._cost(len(decode))
         slot_cost, pass_cost = MARGIN * cost.per_row, MARGIN * cost.per_pass
         tokens, seconds = float(len(decode)), cost.seconds(len(decode))
         best_rate, best_n, passes = tokens / seconds, 0, 0
@@ -229,6 +229,16 @@ class AdaptivePolicy(FixedPolicy):
             chosen[i] += 1
         return chosen
 
+    def _cost(self, num_reqs: int) -> StepCost:
+        """The line of ``num_reqs``'s batch class; until it is fitted (its explorations come every
+        ``MIN_FIT_STEPS`` steps till then), the nearest fitted class's."""
+        c = batch_class(num_reqs)
+        own = self.lines[c].cost
+        if own.fitted:
+            return own
+        fitted = [(abs(k - c), k) for k, line in self.lines.items() if line.cost.fitted]
+        return self.lines[min(fitted)[1]].cost if fitted else own
+
     def _room(self, rows: int) -> float:
         """Draft rows a step of ``rows`` rows may add within the fast path (unbounded past it, or without one)."""
         return self.fast_rows - rows if 0 < rows <= self.fast_rows else float("inf")
@@ -256,7 +266,7 @@ class AdaptivePolicy(FixedPolicy):
             return {}
         self._step += 1
         line = self.lines[batch_class(len(decode))]
-        cost = line.cost
+        cost = self._cost(len(decode))
         seeded = [self._kind_of(req)[1] for req, _ in decode]
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
@@ -265,13 +275,13 @@ class AdaptivePolicy(FixedPolicy):
         verify = None  # this step's verified drafts where they are not ``want`` (an exploration's)
         line.since_explore += 1
         self._since_deep += 1
-        due = line.since_explore >= (line.explore_every if cost.fitted else MIN_FIT_STEPS)
+        due = line.since_explore >= (line.explore_every if line.cost.fitted else MIN_FIT_STEPS)
         if want == full:  # as deep as the limits allow: nothing left unexplored below
             self._since_deep, self._deep_every = 0, EXPLORE_EVERY
         if self._verify_next:
             verify = self._fill(limits, self._verify_next)
             self._verify_next = 0
-        elif due and cost.steps >= MIN_FIT_STEPS:
+        elif due and line.cost.steps >= MIN_FIT_STEPS:
             line.since_explore = 0
             self.num_exploration_steps += 1
             drafting = any(want)
@@ -310,7 +320,7 @@ class AdaptivePolicy(FixedPolicy):
         chains (tree steps stay out of its fit). Every ``EXPLORE_EVERY`` steps without trees (the first soon
         after the fit) one with them, so their estimates never freeze — unless trees could not win even if
         they accepted every level (their cost alone rules them out: no exploration step is spent on them)."""
-        cost = self.lines[batch_class(len(limits))].cost
+        cost = self._cost(len(limits))
         if not cost.fitted:
             return False
         self._since_tree += 1
