@@ -111,31 +111,27 @@ def test_greedy_equals_no_spec_async_off_and_on(tmp_path):
 
 @pytest.mark.slow
 def test_the_index_follows_steps_that_draft_nothing():
-    """Where the policy asks for no drafts, the runner still calls suffix decoding (for no drafts): its index
-    catches up with every committed token as they come, so a later step that drafts pays no backlog (a whole
-    prompt's: ~1.5 ms for 200 tokens, which an exploration would otherwise charge to drafting)."""
+    """Where the policy asks for no drafts, the runner still hands suffix decoding the committed tokens
+    (``follow``): its index catches up with every token as it comes, so a later step that drafts pays no
+    backlog (a whole prompt's: ~1.5 ms for 200 tokens, which an exploration would otherwise charge to drafting)."""
     llm = LLM(max_num_seqs=1, async_scheduling=True,
               speculative_config={"method": "suffix", "num_speculative_tokens": 3, "policy": "fixed"})
     policy, runner = llm.engine.core.scheduler.spec_policy, llm.engine.core.executor.runner
     policy.k = policy.propose_k = 0  # the fixed policy asking for no drafts, ever
     suffix = runner.proposer.inner
     seen = []
-    real = suffix.propose_one
+    real = suffix.follow
 
-    def propose_one(st, limit):
-        out = real(st, limit)
-        seen.append((limit, out, suffix_len(st), len(st.prompt_token_ids) + len(st.output_token_ids)))
-        return out
+    def follow(states):
+        real(states)
+        seen.extend((st.proposer_state["suffix_index"][1], len(st.prompt_token_ids) + len(st.output_token_ids))
+                    for st in states)
 
-    def suffix_len(st):
-        return st.proposer_state["suffix_index"][1]
-
-    suffix.propose_one = propose_one
+    suffix.follow = follow
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     out = llm.generate(humaneval_prompts(1), params, use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 12 and llm.spec_decode_stats()["num_draft_tokens"] == 0
-    assert len(seen) >= 11 and all(limit == 0 and drafts == [] for limit, drafts, _, _ in seen)
-    assert all(indexed == tokens for _, _, indexed, tokens in seen)  # caught up at every step
+    assert len(seen) >= 11 and all(indexed == tokens for indexed, tokens in seen)  # caught up at every step
     sched = llm.engine.core.scheduler
     assert sched.kv.all_free() and not sched.requests
     llm.shutdown()

@@ -75,10 +75,10 @@ class Proposer(ABC):
     # Whether ``propose`` must also run on steps where no request samples (prefill chunks only), with
     # no sampling requests in its input: drafters that keep their own KV from the target's features.
     needs_prefill_steps: ClassVar[bool] = False
-    # Whether ``propose`` also runs on steps that draft nothing (asked for 0 drafts): a host-side proposer
-    # whose per-request state (suffix decoding's index) catches up with every committed token when called.
-    # Left behind, that catch-up (a whole prompt's, ~1.5 ms for 200 tokens) would land on the next step that
-    # drafts — an exploration of the speculation policy's, which then prices drafting at it and may stop.
+    # Whether ``follow`` runs on steps that draft nothing: a host-side proposer whose per-request state
+    # (suffix decoding's index) catches up with every committed token. Left behind, that catch-up (a whole
+    # prompt's, ~1.5 ms for 200 tokens) would land on the next step that drafts — an exploration of the
+    # speculation policy's, which then prices drafting at it and may stop.
     follows_every_step: ClassVar[bool] = False
     # Under tensor parallelism every rank runs the proposer on its own (drafts are replicated, equal
     # on every rank because its inputs are); a proposer that reads sharded target weights cannot.
@@ -114,6 +114,10 @@ class Proposer(ABC):
     def remove_requests(self, req_ids: set[str]) -> None:  # noqa: B027 - optional hook
         """Forget per-request state (finished / preempted)."""
 
+    def follow(self, states: list[RequestState]) -> None:  # noqa: B027 - optional hook
+        """A step that drafts nothing committed tokens of ``states``, already applied to them
+        (``follows_every_step``)."""
+
 
 class OnHost(Proposer):
     """A host-side proposer behind the device interface: the runner calls every proposer the same way."""
@@ -143,3 +147,6 @@ class OnHost(Proposer):
 
     def remove_requests(self, req_ids: set[str]) -> None:
         self.inner.remove_requests(req_ids)
+
+    def follow(self, states: list[RequestState]) -> None:
+        self.inner.follow(states)

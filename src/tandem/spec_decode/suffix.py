@@ -87,7 +87,7 @@ class SuffixProposer(Proposer):
     method = "suffix"
     SUPPORTS_ASYNC_SCHEDULING = True
     device_native = False  # host-side: it reads the committed tokens (OnHost applies them first)
-    follows_every_step = True  # its indexes catch up on every step, drafting or not
+    follows_every_step = True  # its index catches up on every step, drafting or not
 
     def __init__(self, num_speculative_tokens: int, depth: int, max_cached_requests: int, max_spec_factor: float,
                  min_token_prob: float) -> None:
@@ -145,6 +145,11 @@ class SuffixProposer(Proposer):
         self._live[st.req_id] = st
         index, tokens = self._own_index(st)
         return self.draft(index, tokens, limit) if limit > 0 else []
+
+    def follow(self, states: list[RequestState]) -> None:
+        for st in states:
+            self._live[st.req_id] = st
+            self._own_index(st)
 
     def propose(self, inp: ProposeInput) -> list[list[int]]:
         assert inp.max_drafts_host is not None

@@ -354,10 +354,15 @@ class ModelRunner:
         plans = step.sampling
         with self.tracer.span("propose", track="device", step=step_id, reqs=len(plans), k=k_step):
             slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=self.device)
-            if k_step == 0 and not kv_pass and not self.proposer.follows_every_step:
+            if k_step == 0 and not kv_pass:
                 drafts = torch.full((len(plans), self.k), -1, dtype=torch.int64, device=self.device)
                 self.batch.set_drafts(slots, drafts)  # no drafts this time; a drafter's KV catches up later
-                return drafts, False
+                if not self.proposer.follows_every_step:
+                    return drafts, False
+                # A host-side index follows every committed token (suffix decoding): applied now, indexed.
+                self._apply_tokens(plans, [[t for t in row if t >= 0] for row in sampled.tolist()])
+                self.proposer.follow([p.state for p in plans])
+                return drafts, True
             # Exact per-request draft cap on the device: never past max_tokens, max_model_len or ``k_step``.
             n_tokens = self.batch.num_tokens.index_select(0, slots)
             prompt = torch.tensor([p.state.num_prompt_tokens for p in plans], device=self.device)
