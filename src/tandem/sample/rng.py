@@ -85,12 +85,12 @@ def exponential_noise(
 
 
 def _exponential_(t: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
-    """``t.exponential_(generator=gen)``, the same numbers, faster on the CPU. There torch's
-    ``exponential_`` took 1.3 ms for a 49,152-token vocabulary with a generator (torch 2.13, measured: a
-    fifth of a one-row decode step, paid by every sampled row); it is ``-log1p(-u)`` of float64 uniforms
-    ``u``, and drawing those uniforms as one tensor and transforming them vectorized gives the same bits in
-    ~0.26 ms. ``tests/sample/test_rng.py`` checks the equality, so a torch that draws differently fails there
-    instead of silently changing seeded outputs."""
+    """``t.exponential_(generator=gen)``, the same numbers, faster on the CPU. There torch's ``exponential_``
+    took 0.75-1.3 ms for a 49,152-token vocabulary (torch 2.13), paid by every sampled row; its numbers are
+    ``-log1p(-u)`` of float64 uniforms ``u``, and drawing those uniforms as one tensor and transforming them
+    vectorized gives the same bits in a third of the time (BENCHMARKS.md §22: sampled decoding 1.12x faster
+    at one stream, 1.29x at 32). ``tests/sample/test_rng.py`` checks the equality, so a torch that draws
+    differently fails there instead of silently changing seeded outputs."""
     if t.device.type != "cpu":
         return t.exponential_(generator=gen)
     u = torch.empty(t.shape, dtype=torch.float64).uniform_(generator=gen)
