@@ -69,3 +69,19 @@ def test_rare_different_steps_still_give_a_steady_slope():
             errors.append(abs(cost.per_row / 0.0012 - 1))
     errors.sort()
     assert errors[len(errors) // 2] < 0.12 and errors[len(errors) * 9 // 10] < 0.3
+
+
+def test_an_unfitted_batch_class_borrows_the_nearest_fitted_line():
+    from collections import defaultdict
+
+    from tandem.core.step_cost import BatchLine, batch_class, line_cost
+
+    lines: defaultdict[int, BatchLine] = defaultdict(BatchLine)
+    assert not line_cost(lines, 4).fitted  # nothing fitted anywhere: its own, unfitted
+    for n, per_row in ((1, 0.4e-3), (32, 2e-3)):
+        cost = lines[batch_class(n)].cost
+        for rows in (n, 2 * n, 3 * n, 4 * n, n, 2 * n, 4 * n, 3 * n):
+            cost.observe(rows, 5e-3 + per_row * rows)
+    assert [batch_class(n) for n in (1, 2, 3, 4, 16, 32, 63)] == [1, 2, 2, 3, 5, 6, 6]
+    assert line_cost(lines, 2) is lines[1].cost and line_cost(lines, 16) is lines[6].cost
+    assert line_cost(lines, 40) is lines[6].cost and line_cost(lines, 1).per_row == pytest.approx(0.4e-3)

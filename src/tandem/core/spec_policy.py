@@ -72,7 +72,7 @@ from collections.abc import Callable
 
 from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
-from tandem.core.step_cost import MIN_FIT_STEPS, BatchLine, StepCost, batch_class
+from tandem.core.step_cost import MIN_FIT_STEPS, BatchLine, batch_class, line_cost
 
 POLICIES = ("adaptive", "fixed")
 # Prior conditional acceptance per draft position, by method, before anything is measured.
@@ -200,7 +200,7 @@ class AdaptivePolicy(FixedPolicy):
     def _allocate(self, decode: list[tuple[Request, int]]) -> list[int]:
         """Drafts per request (up to its limit) maximizing expected tokens per second: of the prefixes of the
         slots best first, the one with the highest rate, the drafts' rows and passes counted at ``MARGIN``."""
-        cost = self._cost(len(decode))
+        cost = line_cost(self.lines, len(decode))
         slot_cost, pass_cost = MARGIN * cost.per_row, MARGIN * cost.per_pass
         tokens, seconds = float(len(decode)), cost.seconds(len(decode))
         best_rate, best_n, passes = tokens / seconds, 0, 0
@@ -229,16 +229,6 @@ class AdaptivePolicy(FixedPolicy):
             chosen[i] += 1
         return chosen
 
-    def _cost(self, num_reqs: int) -> StepCost:
-        """The line of ``num_reqs``'s batch class; until it is fitted (its explorations come every
-        ``MIN_FIT_STEPS`` steps till then), the nearest fitted class's."""
-        c = batch_class(num_reqs)
-        own = self.lines[c].cost
-        if own.fitted:
-            return own
-        fitted = [(abs(k - c), k) for k, line in self.lines.items() if line.cost.fitted]
-        return self.lines[min(fitted)[1]].cost if fitted else own
-
     def _room(self, rows: int) -> float:
         """Draft rows a step of ``rows`` rows may add within the fast path (unbounded past it, or without one)."""
         return self.fast_rows - rows if 0 < rows <= self.fast_rows else float("inf")
@@ -266,7 +256,7 @@ class AdaptivePolicy(FixedPolicy):
             return {}
         self._step += 1
         line = self.lines[batch_class(len(decode))]
-        cost = self._cost(len(decode))
+        cost = line_cost(self.lines, len(decode))
         seeded = [self._kind_of(req)[1] for req, _ in decode]
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
@@ -320,7 +310,7 @@ class AdaptivePolicy(FixedPolicy):
         chains (tree steps stay out of its fit). Every ``EXPLORE_EVERY`` steps without trees (the first soon
         after the fit) one with them, so their estimates never freeze — unless trees could not win even if
         they accepted every level (their cost alone rules them out: no exploration step is spent on them)."""
-        cost = self._cost(len(limits))
+        cost = line_cost(self.lines, len(limits))
         if not cost.fitted:
             return False
         self._since_tree += 1

@@ -9,6 +9,10 @@ so ``fixed`` puts the line through the mean of the recent steps (``LEVEL_DECAY``
 fitted: where the steps seen lately are too alike to tell a slope (spread below ``SPREAD``) the slopes stand as
 last fitted instead of being guessed from noise, and the policy never falls back to verifying every draft
 because its own choice made the steps uniform.
+
+The policy keeps one line per batch class (``batch_class``: 1, 2-3, 4-7, ... decoding requests, ``BatchLine``):
+a row's cost is no line across batch sizes (at one stream a verify row rides the weight read, at 32 it is
+compute). A class not yet fitted borrows the nearest fitted class's line (``line_cost``).
 """
 
 from __future__ import annotations
@@ -116,3 +120,14 @@ class BatchLine:
     since_explore: int = 0
     explore_every: int = 0
     was_drafting: bool | None = None  # the choice at the last exploration
+
+
+def line_cost(lines: dict[int, BatchLine], num_reqs: int) -> StepCost:
+    """The cost line of ``num_reqs``'s batch class; until it is fitted (the policy explores it every
+    ``MIN_FIT_STEPS`` steps till then), the nearest fitted class's."""
+    c = batch_class(num_reqs)
+    own = lines[c].cost
+    if own.fitted:
+        return own
+    fitted = [(abs(k - c), k) for k, line in lines.items() if line.cost.fitted]
+    return lines[min(fitted)[1]].cost if fitted else own
