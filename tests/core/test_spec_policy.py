@@ -62,7 +62,7 @@ def test_drafts_keep_a_step_within_the_fast_paths_rows():
     tree.fast_rows = 16
     limits = [(_Req(f"t{i}"), 3) for i in range(4)]
     for r, _ in limits:
-        tree._kind_of(r)
+        tree.acceptance.kind_of(r)
     assert not tree._trees_pay(limits, [3] * 4)  # 4 + 4 * 6 rows > 16
     tree.fast_rows = 0
     assert tree._trees_pay(limits, [3] * 4)
@@ -147,11 +147,11 @@ def test_tree_verifies_teach_the_tree_estimate_not_the_chains():
     pol = _tree_policy(10e-3, 0.1e-3, tree_accepted=1.0)
     req = _Req("a")
     pol.plan([(req, 3)])
-    chain_before = list(pol.by_class[0])
+    chain_before = list(pol.acceptance.by_class[0])
     for _ in range(200):
         pol.observe_drafts(req, 3, 3, tree=True)
     assert pol.tree_accepted[0][0] == pytest.approx(3.0, abs=0.01)
-    assert pol.by_class[0] == chain_before
+    assert pol.acceptance.by_class[0] == chain_before
     # The fixed policy always drafts the trees it was given.
     assert FixedPolicy(3).propose_tree
 
@@ -179,14 +179,14 @@ def test_slots_left_empty_count_as_misses_for_the_policy_only():
     for _ in range(30):
         pol.observe_drafts(stub, 1, 1, num_slots=3)  # one draft made, accepted; slots 2 and 3 empty
         pol.observe_drafts(full, 3, 3, num_slots=3)
-    assert pol._alpha(stub)[0] > 0.9 and pol._alpha(stub)[1] < 0.2
-    assert pol._alpha(full)[1] > 0.9
+    assert pol.acceptance.alpha(stub)[0] > 0.9 and pol.acceptance.alpha(stub)[1] < 0.2
+    assert pol.acceptance.alpha(full)[1] > 0.9
     k = pol.plan([(stub, 3), (full, 3)] + [(_Req(f"x{i}"), 3) for i in range(8)])
     assert k["stub"] == 1 and k["full"] == 3
     none = _Req("none")  # slots scheduled, nothing drafted at all: a miss at the first slot
     for _ in range(30):
         pol.observe_drafts(none, 0, 0, num_slots=2)
-    assert pol._alpha(none)[0] < 0.2
+    assert pol.acceptance.alpha(none)[0] < 0.2
     assert pol.verified_k[0] == 30 and pol.verified_k[1] == 30  # the histogram counts verified drafts
 
 
@@ -195,8 +195,8 @@ def test_acceptance_estimates_are_per_temperature_class():
     hot = _Req("hot", temperature=1.0)
     for _ in range(200):
         pol.observe_drafts(hot, 2, 0)
-    assert pol.by_class[2][0] < 0.05 and pol.by_class[0] == [0.5, 0.5]  # greedy untouched
-    assert pol._alpha(hot)[0] < 0.05 and pol._alpha(hot)[1] == 0.5  # position 2: never verified after a miss
+    assert pol.acceptance.by_class[2][0] < 0.05 and pol.acceptance.by_class[0] == [0.5, 0.5]  # greedy untouched
+    assert pol.acceptance.alpha(hot)[0] < 0.05 and pol.acceptance.alpha(hot)[1] == 0.5  # position 2: never verified after a miss
 
 
 def test_a_request_switched_off_is_tried_again():
@@ -249,7 +249,7 @@ def test_a_shallow_choice_is_explored_deeper_and_corrected():
     choice then goes deeper (suffix decoding on prompts it has cached: 328 vs 497 tok/s fixed, before)."""
     pol = _policy(3, 9e-3, 1.1e-3)
     pol._since_deep = 0
-    pol.by_class[0] = [1.0, 0.45, 0.77]
+    pol.acceptance.by_class[0] = [1.0, 0.45, 0.77]
     reqs = [_Req(f"r{i}") for i in range(4)]
     depths = []
     for _ in range(3 * EXPLORE_EVERY):
@@ -311,7 +311,7 @@ def test_a_one_pass_drafter_pays_its_pass_once_and_explores_every_draft():
         pol = AdaptivePolicy(3, method)
         pol.lines = _lines(_fitted(5e-3, 0.4e-3, 0.9e-3))
         pol._since_deep = -10_000
-        pol.by_class[0] = [0.4, 0.5, 0.6]
+        pol.acceptance.by_class[0] = [0.4, 0.5, 0.6]
         chosen[method] = pol.plan([(_Req("a"), 3)])["a"]
     assert chosen == {"suffix": 3, "eagle3": 1}
     for method, depth in (("suffix", 3), ("eagle3", 1)):
@@ -332,7 +332,7 @@ def test_each_batch_class_has_its_own_line():
 
     now = [0.0]
     pol = AdaptivePolicy(3, "suffix", clock=lambda: now[0])
-    pol.by_class[0] = [0.6, 0.6, 0.6]
+    pol.acceptance.by_class[0] = [0.6, 0.6, 0.6]
 
     def step(n_reqs: int, drafts: int, seconds: float) -> None:
         ids = [f"r{i}" for i in range(n_reqs)]

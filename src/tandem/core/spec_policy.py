@@ -9,13 +9,9 @@ kind of information as sync, one step older.
 policy, kept for A/B). ``adaptive`` (the default) maximizes the step's expected goodput — output tokens per
 second — from two estimates:
 
-- **acceptance**: per request and draft position j, the probability that draft j is accepted given drafts
-  1 .. j-1 were: the request's own accepted / verified counts at j, which fade by ``FADE`` every step, mixed
-  with ``PRIOR_WEIGHT`` pseudo-verifications at the estimate of the request's temperature class (greedy / up
-  to 0.8 / above) — an average over every request, started from the method's prior. A request whose drafts
-  were refused and that gets none verified thus drifts back to its class and is tried again, so a burst of
-  misses (prompt lookup between two copied spans) does not switch it off for good. Draft j of a request is
-  worth ``g = a_1 * ... * a_j`` expected tokens.
+- **acceptance** (core/acceptance.py): per request and draft position j, the probability ``a_j`` that draft j
+  is accepted given drafts 1 .. j-1 were, from the request's own fading counts mixed with its temperature
+  class's estimate. Draft j of a request is worth ``g = a_1 * ... * a_j`` expected tokens.
 - **cost**: the engine's step period — wall-clock seconds between two steps coming back while requests keep
   running: the forward, sampling, drafting, the host's scheduling and output handling, whatever the
   executor — is ``fixed + per_row * n + per_pass * m`` for a decode step of ``n`` logits rows (one per request
@@ -70,6 +66,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
+from tandem.core.acceptance import GLOBAL_WEIGHT, TEMPERATURE_CLASSES, Acceptance
 from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
 from tandem.core.step_cost import MIN_FIT_STEPS, BatchLine, batch_class, line_cost
@@ -80,9 +77,6 @@ METHOD_PRIOR = {"ngram": 0.5, "suffix": 0.5, "draft_model": 0.6, "eagle": 0.6, "
 # Drafters that make all their drafts in one pass whatever the depth (a lookup in the tokens): for them a step's
 # ``passes`` is 1 where it drafts at all, so ``per_pass`` prices drafting at all, not each draft.
 ONE_PASS_METHODS = frozenset({"ngram", "suffix"})
-FADE = 0.93  # per step, of a request's own acceptance counts (half-life ~10 steps)
-PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
-GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
 EXPLORE_EVERY = 64
 EXPLORE_MAX = 512  # the exploration interval, doubled while explorations confirm the choice, stops here
 # Drafts' costs are counted at this factor: the fit does not see a row count that leaves a faster kernel path,
@@ -92,11 +86,6 @@ MARGIN = 1.15
 # report split, BENCHMARKS.md §21: 1.24-1.31x).
 TREE_GAIN_PRIOR = 1.25
 TREE_EXTRA_WEIGHT = 0.2  # EWMA weight of one tree step's cost beyond the fitted line
-TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
-
-
-def temperature_class(temperature: float) -> int:
-    return 0 if temperature < 1e-5 else 1 if temperature <= 0.8 else 2
 
 
 class FixedPolicy:
@@ -146,10 +135,7 @@ class AdaptivePolicy(FixedPolicy):
         self.max_passes = 1 if method in ONE_PASS_METHODS else k  # drafting passes of a step, at most
         self._last: float | None = None  # when the previous step came back, while requests kept running
         prior = METHOD_PRIOR.get(method, 0.5)
-        self.by_class = [[prior] * k for _ in TEMPERATURE_CLASSES]
-        # request id -> (accepted counts, verified counts) per position, and the step they were last faded at
-        self.by_request: dict[str, tuple[list[float], list[float], int]] = {}
-        self._step = 0
+        self.acceptance = Acceptance(k, prior)
         self.lines: defaultdict[int, BatchLine] = defaultdict(lambda: BatchLine(explore_every=EXPLORE_EVERY))
         # exploring: the drafts a request the next step verifies, whatever it would choose (0: none asked for)
         self._verify_next = 0
@@ -157,8 +143,6 @@ class AdaptivePolicy(FixedPolicy):
         # interval at which a shallower choice is explored deeper (see plan)
         self._since_deep = 0
         self._deep_every = EXPLORE_EVERY
-        # request id -> (its temperature class, whether it is seeded and samples), learned once
-        self._kind: dict[str, tuple[int, bool]] = {}
         # Draft trees (``tree_nodes`` > 0): per temperature class, (accepted, verified depth) of a tree verify,
         # as moving averages, started from the chain prior's expected tokens times TREE_GAIN_PRIOR.
         self.tree_nodes = tree_nodes
@@ -168,34 +152,6 @@ class AdaptivePolicy(FixedPolicy):
         # What a step that drafts or verifies trees costs beyond the fitted line for its rows (the trees' own
         # drafting, their masks): a moving average of those steps' residuals. They stay out of the line's fit.
         self.tree_extra = 0.0
-
-    def _kind_of(self, req: Request) -> tuple[int, bool]:
-        kind = self._kind.get(req.request_id)
-        if kind is None:
-            p = req.sampling_params
-            kind = self._kind[req.request_id] = (temperature_class(p.temperature),
-                                                 p.seed is not None and p.temperature >= 1e-5)
-        return kind
-
-    def _alpha(self, req: Request) -> list[float]:
-        cls = self.by_class[self._kind[req.request_id][0]]
-        own = self._own(req.request_id)
-        if own is None:
-            return cls
-        acc, n = own
-        return [(a + PRIOR_WEIGHT * c) / (v + PRIOR_WEIGHT) for a, v, c in zip(acc, n, cls)]
-
-    def _own(self, rid: str) -> tuple[list[float], list[float]] | None:
-        """The request's counts, faded to this step."""
-        rec = self.by_request.get(rid)
-        if rec is None:
-            return None
-        acc, n, at = rec
-        if at != self._step:
-            w = FADE ** (self._step - at)
-            acc, n = [a * w for a in acc], [v * w for v in n]
-            self.by_request[rid] = (acc, n, self._step)
-        return acc, n
 
     def _allocate(self, decode: list[tuple[Request, int]]) -> list[int]:
         """Drafts per request (up to its limit) maximizing expected tokens per second: of the prefixes of the
@@ -208,7 +164,7 @@ class AdaptivePolicy(FixedPolicy):
         cands = []
         for i, (req, limit) in enumerate(decode):
             g = 1.0
-            for j, a in enumerate(self._alpha(req)[:limit]):
+            for j, a in enumerate(self.acceptance.alpha(req)[:limit]):
                 g *= a
                 if g <= floor:
                     break
@@ -254,10 +210,10 @@ class AdaptivePolicy(FixedPolicy):
     def plan(self, decode: list[tuple[Request, int]]) -> dict[str, int]:
         if not decode:
             return {}
-        self._step += 1
+        self.acceptance.step += 1
         line = self.lines[batch_class(len(decode))]
         cost = line_cost(self.lines, len(decode))
-        seeded = [self._kind_of(req)[1] for req, _ in decode]
+        seeded = [self.acceptance.kind_of(req)[1] for req, _ in decode]
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
         full = self._fill(limits)
@@ -317,12 +273,12 @@ class AdaptivePolicy(FixedPolicy):
         n = len(limits)
         chain_tokens, tree_tokens, best_tokens, tree_rows = float(n), float(n), float(n), n
         for (req, limit), w in zip(limits, want):
-            alpha, g = self._alpha(req), 1.0
+            alpha, g = self.acceptance.alpha(req), 1.0
             for j in range(w):
                 g *= alpha[j]
                 chain_tokens += g
             if limit:
-                acc, depth = self.tree_accepted[self._kind[req.request_id][0]]
+                acc, depth = self.tree_accepted[self.acceptance.kinds[req.request_id][0]]
                 tree_tokens += acc * min(1.0, limit / max(depth, 1e-9))
                 best_tokens += limit
                 tree_rows += self.tree_nodes
@@ -346,21 +302,11 @@ class AdaptivePolicy(FixedPolicy):
         if num_valid <= 0 and not empty:
             return
         if tree:  # a tree's acceptance is not a chain's per-position one: its own estimate
-            t = self.tree_accepted[self._kind_of(req)[0]]
+            t = self.tree_accepted[self.acceptance.kind_of(req)[0]]
             t[0] += GLOBAL_WEIGHT * (num_accepted - t[0])
             t[1] += GLOBAL_WEIGHT * (num_valid - t[1])
             return
-        cls = self.by_class[self._kind_of(req)[0]]
-        own = self._own(req.request_id)
-        if own is None:
-            own = ([0.0] * self.k, [0.0] * self.k)
-            self.by_request[req.request_id] = (*own, self._step)
-        acc, n = own
-        for j in range(min(num_accepted + 1, num_valid + empty, self.k)):
-            hit = 1.0 if j < num_accepted else 0.0
-            acc[j] += hit
-            n[j] += 1.0
-            cls[j] += GLOBAL_WEIGHT * (hit - cls[j])
+        self.acceptance.observe(req, num_valid + empty, num_accepted)
 
     def observe_step(self, so: SchedulerOutput, busy: bool) -> None:
         now = self.clock()
@@ -380,14 +326,13 @@ class AdaptivePolicy(FixedPolicy):
         self._last = now if busy else None
 
     def forget(self, request_id: str) -> None:
-        self.by_request.pop(request_id, None)
-        self._kind.pop(request_id, None)
+        self.acceptance.forget(request_id)
 
     def as_dict(self) -> dict[str, object]:
         out = super().as_dict()
         out["cost"] = {f"{1 << (c - 1)}-{(1 << c) - 1} requests": line.cost.as_dict()
                        for c, line in sorted(self.lines.items())}
-        out["acceptance_by_temperature"] = {name: list(a) for name, a in zip(TEMPERATURE_CLASSES, self.by_class)}
+        out["acceptance_by_temperature"] = {name: list(a) for name, a in zip(TEMPERATURE_CLASSES, self.acceptance.by_class)}
         if self.tree_nodes:
             out["tree_accepted_by_temperature"] = {name: t[0] for name, t in zip(TEMPERATURE_CLASSES, self.tree_accepted)}
             out["tree_extra_s"] = self.tree_extra

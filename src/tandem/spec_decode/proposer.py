@@ -62,6 +62,11 @@ class ProposeInput:
     max_drafts_host: list[int] | None = None
 
 
+def committed_tokens(sampled: torch.Tensor) -> list[list[int]]:
+    """Each row of a step's sampled ids ``[B, K + 1]`` (-1 padded) as the list of tokens it committed."""
+    return [[t for t in row if t >= 0] for row in sampled.tolist()]
+
+
 class Proposer(ABC):
     method: ClassVar[str]
     SUPPORTS_ASYNC_SCHEDULING: ClassVar[bool] = True
@@ -134,7 +139,7 @@ class OnHost(Proposer):
     def propose(self, inp: ProposeInput) -> torch.Tensor:
         assert inp.apply_tokens is not None
         with self.tracer.span("wait_accepted_counts", track="wait", step=inp.step_id):
-            lists = [[t for t in row if t >= 0] for row in inp.sampled.tolist()]
+            lists = committed_tokens(inp.sampled)
         inp.apply_tokens(lists)
         inp.tokens_applied = True
         inp.num_accepted = [len(t) - 1 for t in lists]

@@ -148,8 +148,7 @@ class SuffixProposer(Proposer):
 
     def follow(self, states: list[RequestState]) -> None:
         for st in states:
-            self._live[st.req_id] = st
-            self._own_index(st)
+            self.propose_one(st, 0)  # the index caught up, nothing drafted
 
     def propose(self, inp: ProposeInput) -> list[list[int]]:
         assert inp.max_drafts_host is not None

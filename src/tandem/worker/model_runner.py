@@ -26,7 +26,7 @@ from tandem.model.forward_batch import KVCache
 from tandem.model.transformer import CausalLM
 from tandem.sample import RejectionSampler, RowSpec, Sampler, SamplingMetadata
 from tandem.sample.sampler import LogprobsTensors, compute_logprobs
-from tandem.spec_decode.proposer import OnHost, ProposeInput, Proposer
+from tandem.spec_decode.proposer import OnHost, ProposeInput, Proposer, committed_tokens
 from tandem.speculative_config import TreeConfig
 from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
@@ -360,7 +360,7 @@ class ModelRunner:
                 if not self.proposer.follows_every_step:
                     return drafts, False
                 # A host-side index follows every committed token (suffix decoding): applied now, indexed.
-                self._apply_tokens(plans, [[t for t in row if t >= 0] for row in sampled.tolist()])
+                self._apply_tokens(plans, committed_tokens(sampled))
                 self.proposer.follow([p.state for p in plans])
                 return drafts, True
             # Exact per-request draft cap on the device: never past max_tokens, max_model_len or ``k_step``.

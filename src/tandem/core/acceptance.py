@@ -1,0 +1,82 @@
+"""What a draft slot is worth: the speculation policy's acceptance estimates (core/spec_policy.py). Pure
+Python, no torch.
+
+Per request and draft position j, the probability that draft j is accepted given drafts 1 .. j-1 were: the
+request's own accepted / verified counts at j, which fade by ``FADE`` every policy step, mixed with
+``PRIOR_WEIGHT`` pseudo-verifications at the estimate of the request's temperature class (greedy / up to 0.8 /
+above) — an average over every request (``GLOBAL_WEIGHT`` a verification), started from the method's prior. A
+request whose drafts were refused and that gets none verified thus drifts back to its class and is tried
+again, so a burst of misses does not switch it off for good.
+"""
+
+from __future__ import annotations
+
+from tandem.core.request import Request
+
+FADE = 0.93  # per step, of a request's own acceptance counts (half-life ~10 steps)
+PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
+GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
+TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
+
+
+def temperature_class(temperature: float) -> int:
+    return 0 if temperature < 1e-5 else 1 if temperature <= 0.8 else 2
+
+
+class Acceptance:
+    def __init__(self, k: int, prior: float) -> None:
+        self.k = k
+        self.by_class = [[prior] * k for _ in TEMPERATURE_CLASSES]
+        # request id -> (accepted counts, verified counts) per position, and the step they were last faded at
+        self.by_request: dict[str, tuple[list[float], list[float], int]] = {}
+        self.step = 0  # advanced by the policy, once a plan
+        # request id -> (its temperature class, whether it is seeded and samples), learned once
+        self.kinds: dict[str, tuple[int, bool]] = {}
+
+    def kind_of(self, req: Request) -> tuple[int, bool]:
+        kind = self.kinds.get(req.request_id)
+        if kind is None:
+            p = req.sampling_params
+            kind = self.kinds[req.request_id] = (temperature_class(p.temperature),
+                                                 p.seed is not None and p.temperature >= 1e-5)
+        return kind
+
+    def alpha(self, req: Request) -> list[float]:
+        """Per position, the request's conditional acceptance (its kind learned first: ``kind_of``)."""
+        cls = self.by_class[self.kinds[req.request_id][0]]
+        own = self._own(req.request_id)
+        if own is None:
+            return cls
+        acc, n = own
+        return [(a + PRIOR_WEIGHT * c) / (v + PRIOR_WEIGHT) for a, v, c in zip(acc, n, cls)]
+
+    def _own(self, rid: str) -> tuple[list[float], list[float]] | None:
+        """The request's counts, faded to this step."""
+        rec = self.by_request.get(rid)
+        if rec is None:
+            return None
+        acc, n, at = rec
+        if at != self.step:
+            w = FADE ** (self.step - at)
+            acc, n = [a * w for a in acc], [v * w for v in n]
+            self.by_request[rid] = (acc, n, self.step)
+        return acc, n
+
+    def observe(self, req: Request, num_positions: int, num_accepted: int) -> None:
+        """A chain of ``req`` came back: positions 1 .. ``num_positions`` were tried (verified, or scheduled
+        and left empty: a miss) and the first ``num_accepted`` accepted."""
+        cls = self.by_class[self.kind_of(req)[0]]
+        own = self._own(req.request_id)
+        if own is None:
+            own = ([0.0] * self.k, [0.0] * self.k)
+            self.by_request[req.request_id] = (*own, self.step)
+        acc, n = own
+        for j in range(min(num_accepted + 1, num_positions, self.k)):
+            hit = 1.0 if j < num_accepted else 0.0
+            acc[j] += hit
+            n[j] += 1.0
+            cls[j] += GLOBAL_WEIGHT * (hit - cls[j])
+
+    def forget(self, request_id: str) -> None:
+        self.by_request.pop(request_id, None)
+        self.kinds.pop(request_id, None)
