@@ -196,11 +196,15 @@ def test_acceptance_estimates_are_per_temperature_class():
     for _ in range(200):
         pol.observe_drafts(hot, 2, 0)
     assert pol.acceptance.by_class[2][0] < 0.05 and pol.acceptance.by_class[0] == [0.5, 0.5]  # greedy untouched
-    assert pol.acceptance.alpha(hot)[0] < 0.05 and pol.acceptance.alpha(hot)[1] == 0.5  # position 2: never verified after a miss
+    # position 2, never verified after a miss at 1, reads as position 1 in the class (and in the request's mix)
+    assert pol.acceptance.by_class[2][1] == pol.acceptance.by_class[2][0]
+    assert pol.acceptance.alpha(hot)[0] < 0.05 and pol.acceptance.alpha(hot)[1] < 0.05
 
 
 def test_a_request_switched_off_is_tried_again():
     pol = _policy(3, 2e-3, 1.5e-3)  # a draft must be accepted with probability > ~0.5 to pay (with the margin)
+    for i in range(100):  # the class's estimate: other requests, most drafts accepted
+        pol.observe_drafts(_Req(f"o{i}"), 3, 3 if i % 4 else 1)
     req = _Req("r")
     for _ in range(3):
         pol.observe_drafts(req, 3, 0)
@@ -250,6 +254,7 @@ def test_a_shallow_choice_is_explored_deeper_and_corrected():
     pol = _policy(3, 9e-3, 1.1e-3)
     pol._since_deep = 0
     pol.acceptance.by_class[0] = [1.0, 0.45, 0.77]
+    pol.acceptance.class_counts[0] = [500, 500, 500]
     reqs = [_Req(f"r{i}") for i in range(4)]
     depths = []
     for _ in range(3 * EXPLORE_EVERY):

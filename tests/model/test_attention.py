@@ -20,7 +20,9 @@ from tandem.model.attention import (
     SdpaBackend,
     create_attention_backend,
 )
+from tandem.model.attention.base import SHORT_QUERY_MAX
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
+from tandem.speculative_config import MAX_SPECULATIVE_TOKENS
 
 # (cached tokens, query tokens) per request.
 MIXED = [
@@ -131,6 +133,8 @@ LAYOUTS = {
     "verifies": VERIFIES,
     "single-prefill": [(0, 13)],
     "single-chunk": [(8, 9)],
+    # a verify of one token plus suffix decoding's default 24 drafts, and one of the most drafts allowed (32)
+    "deep-verifies": [(40, 25), (7, 33)],
 }
 
 
@@ -180,3 +184,14 @@ def test_sdpa_metadata_groups_decodes_into_one_call() -> None:
     meta = SdpaBackend().build_metadata(batch, 4)
     assert len(meta.groups) == 1 and not meta.long_queries and meta.single_group
     assert meta.groups[0].max_len == 15 and meta.groups[0].mask is not None
+
+
+def test_every_verify_is_a_short_query() -> None:
+    """A verify of one token plus as many drafts as speculative_config allows is a short query, which the CPU's
+    native kernel (and decoder stack) take: at 17 a 24-draft verify left both (32 instead of 18 ms a step)."""
+    assert SHORT_QUERY_MAX == 1 + MAX_SPECULATIVE_TOKENS
+    for backend in (PagedCpuBackend(), SdpaBackend()):
+        assert backend.short_query_max == SHORT_QUERY_MAX
+    paged = [PagedRequest([0] * q, c, list(range(i * 8, i * 8 + 8))) for i, (c, q) in enumerate([(40, 33), (5, 34)])]
+    meta = PagedCpuBackend().build_metadata(build_forward_batch(paged, 16), 16)
+    assert [(lq.row_start, lq.row_end) for lq in meta.long_queries] == [(33, 67)]  # 33 queries short, 34 long

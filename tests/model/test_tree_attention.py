@@ -89,16 +89,16 @@ def test_each_node_gets_its_own_paths_logits(backend: str, native_decode: bool, 
 def test_a_wide_tree_takes_the_long_query_path() -> None:
     """More rows than a short query holds: SDPA's per-request path with the tree mask."""
     model = _model("paged_cpu")
-    parents = [0] * 12 + list(range(1, 9))  # 12 children of the root, one child under each of the first 8
-    nodes = list(range(100, 120))
+    parents = [0] * 24 + list(range(1, 17))  # 24 children of the root, one child under each of the first 16
+    nodes = list(range(100, 140))
     cache = _cache(model, 32)
-    blocks = list(range(10))
+    blocks = list(range(16))
     model(build_forward_batch([PagedRequest(CONTEXT[:-1], 0, blocks)], BLOCK), cache)
     batch = build_forward_batch([PagedRequest([CONTEXT[-1], *nodes], len(CONTEXT) - 1, blocks, parents=parents)], BLOCK)
     logits = model.compute_logits(model(batch, cache).hidden_states)
-    assert batch.attn_metadata.long_queries, "a 21-row tree must take the long-query path"
+    assert batch.attn_metadata.long_queries, "a 41-row tree must take the long-query path"
     bits = tree_bits(parents)
-    for node in (0, 5, 12, 13, 20):
+    for node in (0, 5, 24, 25, 40):
         path = [r for r in range(1, node + 1) if bits[node] >> (node - r) & 1]  # bit b: the key b before its own
         want, _ = _from_scratch(model, CONTEXT + [nodes[j - 1] for j in path])
         torch.testing.assert_close(logits[node], want, rtol=0, atol=1e-4)

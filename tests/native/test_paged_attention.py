@@ -44,7 +44,7 @@ def test_kernel_builds_and_is_the_default_backend() -> None:
     assert default_attention_backend() == "paged_cpu"
     backend = PagedCpuBackend(torch.float32)
     assert backend.kernel is not None, "the native kernel did not build on a machine with a compiler"
-    batch, *_ = _batch([(5, 1), (9, 4), (0, 30)])
+    batch, *_ = _batch([(5, 1), (9, 4), (0, 40)])
     meta = backend.build_metadata(batch, 4)
     assert isinstance(meta, PagedCpuMetadata)
     assert meta.short is not None and meta.short.num_reqs == 2 and len(meta.long_queries) == 1

@@ -10,7 +10,6 @@ that training and inference compute the same function.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -19,7 +19,6 @@ from tandem.structured.bitmask import (
     unpack_bitmask,
 )
 from tandem.structured.grammar import (
-    GrammarCompiler,
     RequestGrammar,
     build_grammar,
     check_structured_outputs,

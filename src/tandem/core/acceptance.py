@@ -4,8 +4,15 @@ Python, no torch.
 Per request and draft position j, the probability that draft j is accepted given drafts 1 .. j-1 were: the
 request's own accepted / verified counts at j, which fade by ``FADE`` every policy step, mixed with
 ``PRIOR_WEIGHT`` pseudo-verifications at the estimate of the request's temperature class (greedy / up to 0.8 /
-above) — an average over every request (``GLOBAL_WEIGHT`` a verification), started from the method's prior. A
-request whose drafts were refused and that gets none verified thus drifts back to its class and is tried
+above) — an average over every request, started from the method's prior: the running mean of its
+verifications with the prior counted as ``CLASS_PRIOR_COUNT`` of them, until it has seen ``1 / GLOBAL_WEIGHT``,
+then a moving average (``GLOBAL_WEIGHT`` a verification), so the few verifications of a deep position (its
+explorations) move it. A position the class has never verified reads as the one before it, and its running
+mean starts from there: a chain's conditional acceptance changes slowly with depth, and the method's prior says less about
+position 6 than position 5's measure does. (Left at the prior, the deep positions a choice never verifies —
+only its rare deep explorations do — kept it: suffix decoding at one stream accepted ~0.95 a position at 5-8
+yet had them at the prior 0.5 after six explorations, so it verified 4 drafts where 8 paid: BENCHMARKS.md
+§20.) A request whose drafts were refused and that gets none verified drifts back to its class and is tried
 again, so a burst of misses does not switch it off for good.
 """
 
@@ -16,6 +23,7 @@ from tandem.core.request import Request
 FADE = 0.93  # per step, of a request's own acceptance counts (half-life ~10 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
 GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
+CLASS_PRIOR_COUNT = 4.0  # a class estimate's starting value counts as this many verifications
 TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
 
 
@@ -27,6 +35,7 @@ class Acceptance:
     def __init__(self, k: int, prior: float) -> None:
         self.k = k
         self.by_class = [[prior] * k for _ in TEMPERATURE_CLASSES]
+        self.class_counts = [[0] * k for _ in TEMPERATURE_CLASSES]  # verifications seen per class and position
         # request id -> (accepted counts, verified counts) per position, and the step they were last faded at
         self.by_request: dict[str, tuple[list[float], list[float], int]] = {}
         self.step = 0  # advanced by the policy, once a plan
@@ -65,7 +74,8 @@ class Acceptance:
     def observe(self, req: Request, num_positions: int, num_accepted: int) -> None:
         """A chain of ``req`` came back: positions 1 .. ``num_positions`` were tried (verified, or scheduled
         and left empty: a miss) and the first ``num_accepted`` accepted."""
-        cls = self.by_class[self.kind_of(req)[0]]
+        c = self.kind_of(req)[0]
+        cls, counts = self.by_class[c], self.class_counts[c]
         own = self._own(req.request_id)
         if own is None:
             own = ([0.0] * self.k, [0.0] * self.k)
@@ -75,7 +85,11 @@ class Acceptance:
             hit = 1.0 if j < num_accepted else 0.0
             acc[j] += hit
             n[j] += 1.0
-            cls[j] += GLOBAL_WEIGHT * (hit - cls[j])
+            counts[j] += 1
+            cls[j] += max(GLOBAL_WEIGHT, 1.0 / (counts[j] + CLASS_PRIOR_COUNT)) * (hit - cls[j])
+        for j in range(1, self.k):  # positions never verified in the class read as the one before them
+            if counts[j] == 0:
+                cls[j] = cls[j - 1]
 
     def forget(self, request_id: str) -> None:
         self.by_request.pop(request_id, None)

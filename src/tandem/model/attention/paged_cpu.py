@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.model.attention.base import WINDOWED_TREES, write_kv
+from tandem.model.attention.base import SHORT_QUERY_MAX, WINDOWED_TREES, write_kv
 from tandem.model.attention.sdpa import LongQuery, SdpaBackend, _attend_long
 from tandem.model.forward_batch import ForwardBatch
 from tandem.native.paged_attention import (
@@ -44,7 +44,7 @@ class PagedCpuBackend(SdpaBackend):
     def __init__(
         self,
         dtype: torch.dtype = torch.float32,
-        short_query_max: int = 17,
+        short_query_max: int = SHORT_QUERY_MAX,
         kernel: PagedAttentionKernel | None = None,
     ) -> None:
         super().__init__(dtype, short_query_max)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from tandem.model.attention.base import (
     AttentionBackend,
+    SHORT_QUERY_MAX,
     WINDOWED_TREES,
     slots_for_positions,
     tree_visible,
@@ -68,7 +69,7 @@ class SdpaMetadata:
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
 
-    def __init__(self, dtype: torch.dtype = torch.float32, short_query_max: int = 17) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32, short_query_max: int = SHORT_QUERY_MAX) -> None:
         self.mask_dtype = dtype  # additive masks must match the query dtype
         self.short_query_max = short_query_max
 
