@@ -7,13 +7,13 @@ request's own accepted / verified counts at j, which fade by ``FADE`` every poli
 above) — an average over every request, started from the method's prior: the running mean of its
 verifications with the prior counted as ``CLASS_PRIOR_COUNT`` of them, until it has seen ``1 / GLOBAL_WEIGHT``,
 then a moving average (``GLOBAL_WEIGHT`` a verification), so the few verifications of a deep position (its
-explorations) move it. A position the class has never verified reads as the one before it, and its running
-mean starts from there: a chain's conditional acceptance changes slowly with depth, and the method's prior says less about
-position 6 than position 5's measure does. (Left at the prior, the deep positions a choice never verifies —
-only its rare deep explorations do — kept it: suffix decoding at one stream accepted ~0.95 a position at 5-8
-yet had them at the prior 0.5 after six explorations, so it verified 4 drafts where 8 paid: BENCHMARKS.md
-§20.) A request whose drafts were refused and that gets none verified drifts back to its class and is tried
-again, so a burst of misses does not switch it off for good.
+explorations) move it. A position the class has never verified reads as the one before it, and its running mean
+starts from there: a chain's conditional acceptance changes slowly with depth, and the method's prior says less
+about position 6 than position 5's measure does. (Left at the prior, the deep positions a choice never verifies —
+only its rare deep explorations do — kept it: suffix decoding at one stream accepted ~0.95 a position at 5-8 yet
+had them at ~0.5 after six explorations, so it verified 4 drafts where 8 paid: BENCHMARKS.md §20.) A request
+whose drafts were refused and that gets none verified drifts back to its class and is tried again, so a burst of
+misses does not switch it off for good.
 """
 
 from __future__ import annotations

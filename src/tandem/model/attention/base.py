@@ -25,8 +25,8 @@ from tandem.model.forward_batch import ForwardBatch
 
 # A request's queries up to this many are "short" (a decode row plus up to speculative_config's
 # MAX_SPECULATIVE_TOKENS drafts): the CPU's native paged kernel and decoder stack take them. At 17 (the bound when
-# drafts stopped at 16) a 24-draft verify of suffix decoding's default left both, and its step cost 32 instead of
-# 18 ms at 18 rows (BENCHMARKS.md §20).
+# drafts stopped at 16) a 24-draft verify (suffix decoding's default) left both: one stream, 18 rows, 32 instead
+# of 20 ms a forward (BENCHMARKS.md §20).
 SHORT_QUERY_MAX = 33
 
 
