@@ -96,13 +96,13 @@ def test_bf16_weights_are_a_rounding_of_the_float32_head(targets: dict[str, Any]
 def test_prefill_rows_take_the_torch_layer(targets: dict[str, Any]) -> None:
     p = _proposer(targets, "eagle", "bfloat16")
     assert p.native is not None
-    batch = build_forward_batch([PagedRequest(list(range(1, 31)), 0, [0, 1])], BS)  # a 30-token chunk
+    batch = build_forward_batch([PagedRequest(list(range(1, 41)), 0, [0, 1, 2])], BS)  # a 40-token chunk
     meta = p.backend.build_metadata(batch, BS)
     feat = torch.randn(batch.num_tokens, H)
     residual, attn_in = p.head.layer_input(batch.input_ids, feat)
     assert p.native(residual, attn_in, batch.positions, meta) is None  # a long query: not the native layer
     out = p._head(batch.input_ids, feat, batch.positions, meta)
-    assert out.shape == (30, H) and torch.isfinite(out).all()
+    assert out.shape == (40, H) and torch.isfinite(out).all()
 
 
 def test_head_layer_checks_its_inputs(targets: dict[str, Any]) -> None:
