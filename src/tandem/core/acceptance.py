@@ -12,12 +12,12 @@ while without verifications (the policy drafting nothing) the next exploration's
 again: suffix decoding at 16 streams, its estimate 0.69 from a phase when its cache was cold, drafted nothing
 where every draft would have been accepted (566-576 tok/s against fixed k = 3's 741-756), each exploration
 moving the estimate a third of the way and explorations growing rarer. A position the class has never verified
-reads as the one before it, and its running mean starts from there: a chain's conditional acceptance changes slowly with depth, and the method's prior says less
-about position 6 than position 5's measure does. (Left at the prior, the deep positions a choice never verifies —
-only its rare deep explorations do — kept it: suffix decoding at one stream accepted ~0.95 a position at 5-8 yet
-had them at ~0.5 after six explorations, so it verified 4 drafts where 8 paid: BENCHMARKS.md §20.) A request
-whose drafts were refused and that gets none verified drifts back to its class and is tried again, so a burst of
-misses does not switch it off for good.
+reads as the one before it, and its running mean starts from there: a chain's conditional acceptance changes slowly
+with depth, and the method's prior says less about position 6 than position 5's measure does. (Left at the prior,
+the deep positions a choice never verifies — only its rare deep explorations do — kept it: suffix decoding at one
+stream accepted ~0.95 a position at 5-8 yet had them at ~0.5 after six explorations, so it verified 4 drafts where
+8 paid: BENCHMARKS.md §20.) A request whose drafts were refused and that gets none verified drifts back to its
+class and is tried again, so a burst of misses does not switch it off for good.
 """
 
 from __future__ import annotations
