@@ -53,20 +53,3 @@ def test_a_deep_exploration_that_pays_takes_the_choice_deeper():
             pol.observe_drafts(r, got, got)  # every draft verified is accepted
         depths.append(k["a"])
     assert max(depths[-EXPLORE_EVERY:]) == 8 and min(depths[-EXPLORE_EVERY:]) >= 7
-
-
-def test_an_old_class_estimate_is_overturned_by_the_next_exploration():
-    """Suffix decoding at 16 streams kept an estimate of 0.69 from a phase when its cache was cold, drafted nothing
-    where every draft would have been accepted, and each exploration (16 verifications) moved it a third of the way.
-    What the class has seen fades while nothing is verified: after 128 idle steps one exploration overturns it."""
-    acc = Acceptance(3, 0.5)
-    cold = [_Req(f"c{i}") for i in range(16)]
-    for _ in range(200):  # a long phase at ~0.69
-        for i, r in enumerate(cold):
-            acc.observe(r, 1, 1 if i % 16 < 11 else 0)
-        acc.step += 1
-    assert 0.6 < acc.by_class[0][0] < 0.75
-    acc.step += 128  # steps that verify nothing (the second exploration interval)
-    for r in [_Req(f"w{i}") for i in range(16)]:  # one exploration: every draft accepted
-        acc.observe(r, 1, 1)
-    assert acc.by_class[0][0] > 0.85  # (without the fade: 0.78)

@@ -7,17 +7,13 @@ request's own accepted / verified counts at j, which fade by ``FADE`` every poli
 above) — an average over every request, started from the method's prior: the running mean of its
 verifications with the prior counted as ``CLASS_PRIOR_COUNT`` of them, until it has seen ``1 / GLOBAL_WEIGHT``,
 then a moving average (``GLOBAL_WEIGHT`` a verification), so the few verifications of a deep position (its
-explorations) move it. What the class has seen fades with a half-life of ``CLASS_HALF_LIFE`` steps, so after a
-while without verifications (the policy drafting nothing) the next exploration's verifications count as much
-again: suffix decoding at 16 streams, its estimate 0.69 from a phase when its cache was cold, drafted nothing
-where every draft would have been accepted (566-576 tok/s against fixed k = 3's 741-756), each exploration
-moving the estimate a third of the way and explorations growing rarer. A position the class has never verified
-reads as the one before it, and its running mean starts from there: a chain's conditional acceptance changes slowly
-with depth, and the method's prior says less about position 6 than position 5's measure does. (Left at the prior,
-the deep positions a choice never verifies — only its rare deep explorations do — kept it: suffix decoding at one
-stream accepted ~0.95 a position at 5-8 yet had them at ~0.5 after six explorations, so it verified 4 drafts where
-8 paid: BENCHMARKS.md §20.) A request whose drafts were refused and that gets none verified drifts back to its
-class and is tried again, so a burst of misses does not switch it off for good.
+explorations) move it. A position the class has never verified reads as the one before it, and its running mean
+starts from there: a chain's conditional acceptance changes slowly with depth, and the method's prior says less
+about position 6 than position 5's measure does. (Left at the prior, the deep positions a choice never verifies —
+only its rare deep explorations do — kept it: suffix decoding at one stream accepted ~0.95 a position at 5-8 yet
+had them at ~0.5 after six explorations, so it verified 4 drafts where 8 paid: BENCHMARKS.md §20.) A request
+whose drafts were refused and that gets none verified drifts back to its class and is tried again, so a burst of
+misses does not switch it off for good.
 """
 
 from __future__ import annotations
@@ -28,10 +24,6 @@ FADE = 0.93  # per step, of a request's own acceptance counts (half-life ~10 ste
 PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
 GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
 CLASS_PRIOR_COUNT = 4.0  # a class estimate's starting value counts as this many verifications
-# What a class has seen fades too, with this half-life in policy steps (capped at 1 / GLOBAL_WEIGHT, beyond which the
-# weight is the floor anyway): while the policy verifies nothing, the estimate grows old, and the verifications
-# of the next exploration must be able to overturn it.
-CLASS_HALF_LIFE = 32
 TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
 
 
@@ -43,10 +35,7 @@ class Acceptance:
     def __init__(self, k: int, prior: float) -> None:
         self.k = k
         self.by_class = [[prior] * k for _ in TEMPERATURE_CLASSES]
-        # verifications seen per class and position (fading, at most 1 / GLOBAL_WEIGHT), and the step they were
-        # last faded at
-        self.class_counts = [[0.0] * k for _ in TEMPERATURE_CLASSES]
-        self.class_at = [0] * len(TEMPERATURE_CLASSES)
+        self.class_counts = [[0] * k for _ in TEMPERATURE_CLASSES]  # verifications seen per class and position
         # request id -> (accepted counts, verified counts) per position, and the step they were last faded at
         self.by_request: dict[str, tuple[list[float], list[float], int]] = {}
         self.step = 0  # advanced by the policy, once a plan
@@ -87,10 +76,6 @@ class Acceptance:
         and left empty: a miss) and the first ``num_accepted`` accepted."""
         c = self.kind_of(req)[0]
         cls, counts = self.by_class[c], self.class_counts[c]
-        if self.class_at[c] != self.step:
-            fade = 0.5 ** ((self.step - self.class_at[c]) / CLASS_HALF_LIFE)
-            counts[:] = [n * fade for n in counts]
-            self.class_at[c] = self.step
         own = self._own(req.request_id)
         if own is None:
             own = ([0.0] * self.k, [0.0] * self.k)
@@ -100,7 +85,7 @@ class Acceptance:
             hit = 1.0 if j < num_accepted else 0.0
             acc[j] += hit
             n[j] += 1.0
-            counts[j] = min(counts[j] + 1.0, 1.0 / GLOBAL_WEIGHT)
+            counts[j] += 1
             cls[j] += max(GLOBAL_WEIGHT, 1.0 / (counts[j] + CLASS_PRIOR_COUNT)) * (hit - cls[j])
         for j in range(1, self.k):  # positions never verified in the class read as the one before them
             if counts[j] == 0:
