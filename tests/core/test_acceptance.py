@@ -46,7 +46,7 @@ def test_a_deep_exploration_that_pays_takes_the_choice_deeper():
     pol.lines = _lines(_fitted(4e-3, 0.9e-3))
     reqs = [_Req("a")]
     depths = []
-    for step in range(3 * EXPLORE_EVERY):
+    for _ in range(3 * EXPLORE_EVERY):
         k = pol.plan([(r, 8) for r in reqs])
         for r in reqs:
             got = k[r.request_id]

@@ -81,15 +81,17 @@ class Acceptance:
             own = ([0.0] * self.k, [0.0] * self.k)
             self.by_request[req.request_id] = (*own, self.step)
         acc, n = own
-        for j in range(min(num_accepted + 1, num_positions, self.k)):
+        tried = min(num_accepted + 1, num_positions, self.k)
+        for j in range(tried):
             hit = 1.0 if j < num_accepted else 0.0
             acc[j] += hit
             n[j] += 1.0
             counts[j] += 1
             cls[j] += max(GLOBAL_WEIGHT, 1.0 / (counts[j] + CLASS_PRIOR_COUNT)) * (hit - cls[j])
-        for j in range(1, self.k):  # positions never verified in the class read as the one before them
-            if counts[j] == 0:
-                cls[j] = cls[j - 1]
+        # Positions never verified in the class read as the one before them. Verified positions are always a
+        # prefix, so only a chain reaching past the deepest one the class has seen changes what they read.
+        if 0 < tried < self.k and counts[tried] == 0:
+            cls[tried:] = [cls[tried - 1]] * (self.k - tried)
 
     def forget(self, request_id: str) -> None:
         self.by_request.pop(request_id, None)

@@ -22,12 +22,13 @@ from typing import Any
 import torch
 
 from tandem.model.forward_batch import ForwardBatch
+from tandem.speculative_config import MAX_SPECULATIVE_TOKENS
 
 # A request's queries up to this many are "short" (a decode row plus up to speculative_config's
 # MAX_SPECULATIVE_TOKENS drafts): the CPU's native paged kernel and decoder stack take them. At 17 (the bound when
 # drafts stopped at 16) a 24-draft verify (suffix decoding's default) left both: one stream, 18 rows, 32 instead
 # of 20 ms a forward (BENCHMARKS.md §20).
-SHORT_QUERY_MAX = 33
+SHORT_QUERY_MAX = 1 + MAX_SPECULATIVE_TOKENS
 
 
 class AttentionBackend(ABC):
