@@ -69,6 +69,8 @@ def commit_step(
     sched.counters.num_generation_tokens += len(new_tokens)
     if status is None:
         sched.kv.cache_blocks(req, req.completed_frontier)
+        if sched.num_spec_tokens:
+            sched.spec_policy.observe_tokens(req, step.step_id, out.shadow_token_ids.get(req.request_id))
         if out.spec_token_ids is not None and idx is not None:
             req.spec_token_ids = list(out.spec_token_ids[idx])
     return EngineCoreOutput(

@@ -75,6 +75,11 @@ class SchedulerOutput:
     tree_req_ids: set[str] = field(default_factory=set)
     num_tree_rows: int = 0
     draft_trees: bool = False
+    # Shadow drafts (core/shadow.py): requests for which the worker makes up to ``num_shadow_drafts`` drafts
+    # during this step without verifying them (a model-free drafter, on a step that drafts nothing), returned
+    # in ``ModelRunnerOutput.shadow_token_ids``.
+    shadow_req_ids: set[str] = field(default_factory=set)
+    num_shadow_drafts: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -115,6 +120,9 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
     # Pooling runner: req_id -> the prompt's pooled hidden state, for requests whose prompt ended this step.
     pooled: dict[str, list[float]] = field(default_factory=dict)
+    # req_id -> the drafts the worker made without verifying them (``SchedulerOutput.shadow_req_ids``),
+    # continuing the request's tokens after this step's.
+    shadow_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:

@@ -64,6 +64,8 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.num_spec_tokens = num_speculative_tokens
         self.spec_policy = spec_policy or FixedPolicy(num_speculative_tokens)
+        if self.spec_policy.shadows is not None:  # async: a slot scheduled before its drafts exist may stay empty
+            self.spec_policy.shadows.empty_is_miss = self.is_async
         self.num_lookahead_tokens = num_lookahead_tokens
         # Draft trees (speculative_config.tree): a verify of k > 0 drafts feeds the tree's ``tree_nodes`` nodes
         # (rows beyond the k the ledgers count: the KV lookahead holds them, the token budget pays for them);
@@ -218,6 +220,8 @@ class Scheduler:
             tree_req_ids=tree_req_ids,
             num_tree_rows=tree_rows,
             draft_trees=bool(self.tree_nodes) and self.spec_policy.propose_tree,
+            shadow_req_ids=self.spec_policy.shadow(self._step_id) if self.num_spec_tokens else set(),
+            num_shadow_drafts=self.spec_policy.shadow_depth,
         )
         if num_scheduled:
             # The runner learns what to forget with the next step it runs.

@@ -50,6 +50,11 @@ the limits allow would keep a low estimate of the deeper positions forever (one 
 After ``EXPLORE_EVERY`` steps of such a choice one step drafts as deep as the limits allow and the next
 verifies it all; the interval doubles, up to ``EXPLORE_MAX``, while the choice stays shallow.
 
+A drafter without a model (``ONE_PASS_METHODS``) also learns while nothing is drafted: on a step that drafts
+nothing a few requests are *shadowed* (core/shadow.py) — the worker runs the drafter for them without verifying,
+and their drafts are scored against the tokens the requests then commit, an unbiased measure of what verifying
+them would have accepted — so an estimate from an earlier phase does not keep a later one from drafting.
+
 With draft trees (``speculative_config.tree``) the policy also chooses, per step, whether the drafts made in it
 are trees or chains: trees when their expected rate beats the chains' by ``MARGIN`` under the same cost fit (a
 tree verify is ``1 + max_nodes`` rows, plus what tree steps cost beyond the line — their drafting — as a moving
@@ -69,6 +74,7 @@ from collections.abc import Callable
 from tandem.core.acceptance import GLOBAL_WEIGHT, TEMPERATURE_CLASSES, Acceptance
 from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
+from tandem.core.shadow import Shadows
 from tandem.core.step_cost import MIN_FIT_STEPS, BatchLine, batch_class, line_cost
 
 POLICIES = ("adaptive", "fixed")
@@ -99,6 +105,8 @@ class FixedPolicy:
         self.propose_tree = True  # with speculative_config.tree: the drafts made this step are a tree
         self.verified_k = [0] * (k + 1)  # decode steps (of one request) by drafts verified
         self.num_exploration_steps = 0
+        self.shadows: Shadows | None = None  # a model-free drafter's unverified drafts, scored (core/shadow.py)
+        self.shadow_depth = 0
 
     def plan(self, decode: list[tuple[Request, int]]) -> dict[str, int]:
         """Drafts to verify per request this step; ``decode``: (request, drafts available within its limits)
@@ -115,6 +123,15 @@ class FixedPolicy:
 
     def observe_step(self, so: SchedulerOutput, busy: bool) -> None:
         """Step ``so`` came back; ``busy``: requests are still running (the next step follows at once)."""
+
+    def shadow(self, step_id: int) -> set[str]:
+        """Requests whose drafts the worker makes but does not verify during step ``step_id`` (the one just
+        planned), to be scored against the tokens they commit next (core/shadow.py)."""
+        return set()
+
+    def observe_tokens(self, req: Request, step_id: int, shadow: list[int] | None) -> None:
+        """Step ``step_id`` of ``req`` committed its tokens (the request goes on); ``shadow``: the drafts the
+        worker made without verifying them, continuing from those tokens (None: none)."""
 
     def forget(self, request_id: str) -> None:
         """The request is gone."""
@@ -143,6 +160,12 @@ class AdaptivePolicy(FixedPolicy):
         # interval at which a shallower choice is explored deeper (see plan)
         self._since_deep = 0
         self._deep_every = EXPLORE_EVERY
+        # A drafter without a model is run for a few requests on steps that draft nothing, its drafts scored
+        # against the tokens then committed: acceptance learnt without verifying (core/shadow.py).
+        if method in ONE_PASS_METHODS:
+            self.shadows = Shadows(self.acceptance, k)
+            self.shadow_depth = self.shadows.depth
+        self._shadow_candidates: list[Request] = []
         # Draft trees (``tree_nodes`` > 0): per temperature class, (accepted, verified depth) of a tree verify,
         # as moving averages, started from the chain prior's expected tokens times TREE_GAIN_PRIOR.
         self.tree_nodes = tree_nodes
@@ -255,6 +278,7 @@ class AdaptivePolicy(FixedPolicy):
             if self.propose_tree and cost.fitted:  # a tree verifies every level a request may still use
                 want = [max(w, lim) for w, (_, lim) in zip(want, limits)]
         self.propose_k = max(want)
+        self._shadow_candidates = [req for req, _ in decode] if self.shadows is not None and not self.propose_k else []
         if verify is not None:
             want = [self.k if s else w for s, w in zip(seeded, verify)]
         return {req.request_id: min(w, cap) for (req, cap), w in zip(decode, want)}
@@ -325,13 +349,28 @@ class AdaptivePolicy(FixedPolicy):
                 cost.observe(rows, seconds, passes)
         self._last = now if busy else None
 
+    def shadow(self, step_id: int) -> set[str]:
+        if not self._shadow_candidates or self.shadows is None:
+            return set()
+        ids = self.shadows.ask(self._shadow_candidates, step_id)
+        self._shadow_candidates = []
+        return ids
+
+    def observe_tokens(self, req: Request, step_id: int, shadow: list[int] | None) -> None:
+        if self.shadows is not None:
+            self.shadows.observe(req, step_id, shadow)
+
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)
+        if self.shadows is not None:
+            self.shadows.forget(request_id)
 
     def as_dict(self) -> dict[str, object]:
         out = super().as_dict()
         out["cost"] = {f"{1 << (c - 1)}-{(1 << c) - 1} requests": line.cost.as_dict()
                        for c, line in sorted(self.lines.items())}
+        if self.shadows is not None:
+            out.update(self.shadows.as_dict())
         out["acceptance_by_temperature"] = {name: list(a) for name, a in zip(TEMPERATURE_CLASSES, self.acceptance.by_class)}
         if self.tree_nodes:
             out["tree_accepted_by_temperature"] = {name: t[0] for name, t in zip(TEMPERATURE_CLASSES, self.tree_accepted)}

@@ -68,6 +68,8 @@ class PendingStep:
     tokens_applied: bool = False  # a host-side proposer already applied the tokens to the host records
     num_invalid: list[int] | None = None  # drafts cut by a grammar, per sampling request
     pooled: dict[str, torch.Tensor] = field(default_factory=dict)  # pooling runner: req_id -> [hidden]
+    # Shadow drafts (core/shadow.py): the requests' ids and their [S, k] drafts (-1 padded), not verified.
+    shadow: tuple[list[str], torch.Tensor] | None = None
     _host: tuple[list[list[int]], list[list[int]] | None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _event: object = field(default=None, repr=False)
@@ -77,6 +79,8 @@ class PendingStep:
         if self.sampled.device.type == "cuda":  # on the CPU the tensors are their own host copy
             self._sampled_h = _start_copy(self.sampled)
             self._drafts_h = _start_copy(self.drafts) if self.drafts is not None else None
+            if self.shadow is not None:
+                self.shadow = (self.shadow[0], _start_copy(self.shadow[1]))
             # Logprobs travel with the sampled ids (same event), not in a later blocking copy.
             self._logprobs_h = _start_copies(self.logprobs) if self.logprobs is not None else None
             for plp in self.prompt_logprobs.values():
@@ -136,6 +140,11 @@ class PendingStep:
             ),
             prompt_logprobs={rid: plp.entries() for rid, plp in self.prompt_logprobs.items()},
             pooled={rid: v.float().cpu().tolist() for rid, v in self.pooled.items()},
+            shadow_token_ids=(
+                {rid: [t for t in row if t >= 0] for rid, row in zip(self.shadow[0], self.shadow[1].tolist())}
+                if self.shadow is not None
+                else {}
+            ),
         )
 
 
