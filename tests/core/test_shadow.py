@@ -9,6 +9,7 @@ from collections import defaultdict
 import pytest
 
 from tandem import LLM, SamplingParams
+import tandem.core.shadow as shadow_module
 from tandem.core.acceptance import Acceptance
 from tandem.core.shadow import SHADOW_BUDGET, SHADOW_DEPTH, SHADOW_EVERY, Shadows
 from tandem.core.spec_policy import AdaptivePolicy
@@ -58,8 +59,10 @@ def test_a_shadow_is_scored_at_its_first_mismatch_as_tokens_arrive():
     req.output_token_ids += [11, 99]  # a verify step committing two tokens: draft 3 missed
     sh.observe(req, 7, None)
     assert (sh.num_scored, sh.num_drafts, sh.num_accepted) == (1, 3, 2) and "r" not in sh._pending
-    own_acc, own_n = acc._own("r")
-    assert own_n[:4] == [1.0, 1.0, 1.0, 0.0] and own_acc[:4] == [1.0, 1.0, 0.0, 0.0]
+    # the class learns (running mean over the prior's pseudo-counts); the request's own counts do not: one
+    # lucky shadow must not switch a request to drafting where drafts do not pay
+    assert acc.class_counts[0] == [1, 1, 1, 0] and acc._own("r") is None
+    assert acc.by_class[0][:3] == [(1 + 2.0) / 5, (1 + 2.0) / 5, 2.0 / 5]
 
 
 def test_a_shadow_matched_to_its_depth_scores_every_draft():
@@ -96,7 +99,7 @@ def test_an_ask_answered_without_a_shadow_is_dropped():
 
 def test_shadows_revive_a_stale_estimate_that_explorations_alone_leave():
     """The case behind shadows: a class estimate learnt where drafts did not pay (0.6 a position) keeps a
-    16-stream batch, where they pay only above ~0.9, from drafting at all — and so from learning anything.
+    16-stream batch, where they pay only above ~0.7, from drafting at all — and so from learning anything.
     Shadows scored against the committed tokens (here: every draft right) raise it until drafting pays."""
     pol = AdaptivePolicy(3, "suffix")
     pol.lines = _lines(_fitted(10e-3, 1.0e-3, 0.5e-3))
@@ -109,7 +112,7 @@ def test_shadows_revive_a_stale_estimate_that_explorations_alone_leave():
     decode = [(r, 3) for r in reqs]
     assert sum(pol.plan(decode).values()) == 0 and pol.propose_k == 0
     step = 0
-    for _ in range(200):
+    for _ in range(2000):
         step += 1
         asked = pol.shadow(step)
         for r in reqs:  # the step comes back: one token each; the shadowed ones with their drafts
@@ -121,8 +124,7 @@ def test_shadows_revive_a_stale_estimate_that_explorations_alone_leave():
     else:
         raise AssertionError("shadows never made drafting pay")
     assert pol.shadows.num_scored > 0 and pol.shadows.num_accepted == pol.shadows.num_drafts
-    # the requests' own counts lead (their shadows hit), the class estimate follows
-    assert pol.acceptance.by_class[0][0] > 0.65
+    assert pol.acceptance.by_class[0][0] > 0.7 and not pol.acceptance.by_request
 
 
 def test_only_model_free_drafters_are_shadowed():
@@ -132,10 +134,11 @@ def test_only_model_free_drafters_are_shadowed():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
-def test_the_engine_scores_each_shadow_against_the_tokens_committed_after_it(method):
+def test_the_engine_scores_each_shadow_against_the_tokens_committed_after_it(method, monkeypatch):
     """On the default model, sync and async, with a policy that never drafts (every step may shadow): each
     shadow the worker returns is scored by how far it matches the request's output from its position on —
     what verifying it would have accepted, greedy — and the outputs stay those of no speculation."""
+    monkeypatch.setattr(shadow_module, "SHADOW_EVERY", 2)  # many shadows in a short run
     prompts = [p + p[-200:] for p in humaneval_prompts(4)]  # repeated text: the drafters find matches
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     ref = LLM(max_num_seqs=4, async_scheduling=False)

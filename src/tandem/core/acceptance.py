@@ -71,16 +71,19 @@ class Acceptance:
             self.by_request[rid] = (acc, n, self.step)
         return acc, n
 
-    def observe(self, req: Request, num_positions: int, num_accepted: int) -> None:
+    def observe(self, req: Request, num_positions: int, num_accepted: int, own_counts: bool = True) -> None:
         """A chain of ``req`` came back: positions 1 .. ``num_positions`` were tried (verified, or scheduled
-        and left empty: a miss) and the first ``num_accepted`` accepted."""
+        and left empty: a miss) and the first ``num_accepted`` accepted. ``own_counts`` False: only the class
+        learns (a shadow's score, core/shadow.py)."""
         c = self.kind_of(req)[0]
         cls, counts = self.by_class[c], self.class_counts[c]
-        own = self._own(req.request_id)
-        if own is None:
-            own = ([0.0] * self.k, [0.0] * self.k)
-            self.by_request[req.request_id] = (*own, self.step)
-        acc, n = own
+        acc, n = [0.0] * self.k, [0.0] * self.k
+        if own_counts:
+            own = self._own(req.request_id)
+            if own is None:
+                own = ([0.0] * self.k, [0.0] * self.k)
+                self.by_request[req.request_id] = (*own, self.step)
+            acc, n = own
         tried = min(num_accepted + 1, num_positions, self.k)
         for j in range(tried):
             hit = 1.0 if j < num_accepted else 0.0

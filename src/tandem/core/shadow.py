@@ -15,10 +15,16 @@ That is the acceptance the verification would have measured, at any temperature:
 one token each (q one-hot), which the rejection sampler accepts with probability p(draft) — and the token the
 request commits at that position is drawn from p (rejection sampling keeps the target's distribution), so it
 equals the draft with the same probability. Greedy, it is the exact outcome. The estimate is unbiased and needs
-no verify row. Running the drafter is not free (~0.45 ms a call for 8 requests at 32 streams, mostly per call:
-~1 % of that step, but ~5 % of a one-stream step if it ran every step), so a request is shadowed at most once
-every ``SHADOW_EVERY`` steps (its shadow resolves at the first mismatch), at most ``SHADOW_BUDGET`` requests a
-step, at most ``SHADOW_DEPTH`` drafts deep.
+no verify row.
+
+Only the request's temperature class learns from a shadow, not the request's own counts: one request's few
+shadows are a noisy sample, and with them a single lucky shadow (3 of 3 at T 0.7) lifted that request's estimate
+past the bar and bought verify rows that then lost (suffix, 16 streams, T 0.7: 0.93x of no speculation against
+0.98x without shadows, in one process; BENCHMARKS.md §19). The class estimate averages every request's. Running the
+drafter is not free either (~0.45 ms a call for 8 requests at 32 streams, mostly per call), and the class needs
+no more than a sample now and then, so a request is shadowed at most once every ``SHADOW_EVERY`` steps (its
+shadow resolves at the first mismatch), at most ``SHADOW_BUDGET`` requests a step, at most ``SHADOW_DEPTH``
+drafts deep.
 
 An empty shadow (the drafter found nothing) is a miss at the first position where the policy counts an empty
 draft slot as one (async scheduling, where slots are scheduled before drafts exist), and says nothing otherwise
@@ -32,7 +38,7 @@ from tandem.core.request import Request
 
 SHADOW_BUDGET = 8  # requests shadowed in one step, at most
 SHADOW_DEPTH = 8  # drafts a shadow makes, at most
-SHADOW_EVERY = 8  # steps from one shadow of a request to its next, at least
+SHADOW_EVERY = 32  # steps from one shadow of a request to its next, at least
 
 
 class Shadows:
@@ -100,7 +106,7 @@ class Shadows:
             del self._pending[rid]
 
     def _score(self, req: Request, tried: int, accepted: int) -> None:
-        self.acceptance.observe(req, tried, accepted)
+        self.acceptance.observe(req, tried, accepted, own_counts=False)
         self.num_scored += 1
         self.num_drafts += tried
         self.num_accepted += accepted

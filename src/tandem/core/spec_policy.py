@@ -53,7 +53,8 @@ verifies it all; the interval doubles, up to ``EXPLORE_MAX``, while the choice s
 A drafter without a model (``ONE_PASS_METHODS``) also learns while nothing is drafted: on a step that drafts
 nothing a few requests are *shadowed* (core/shadow.py) — the worker runs the drafter for them without verifying,
 and their drafts are scored against the tokens the requests then commit, an unbiased measure of what verifying
-them would have accepted — so an estimate from an earlier phase does not keep a later one from drafting.
+them would have accepted (the temperature class's estimate learns from it, not the request's own counts) — so
+an estimate from an earlier phase does not keep a later one from drafting.
 
 With draft trees (``speculative_config.tree``) the policy also chooses, per step, whether the drafts made in it
 are trees or chains: trees when their expected rate beats the chains' by ``MARGIN`` under the same cost fit (a
