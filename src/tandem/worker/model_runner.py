@@ -370,7 +370,7 @@ class ModelRunner:
                                                   sampled.index_select(0, pick), fwd, so.num_shadow_drafts)
                         shadow = ([p.req_id for p in sub], self.proposer.propose(inp))
                     if inp.tokens_applied:  # a host-side drafter applied theirs: the others' tokens now
-                        rest = [i for i in range(len(plans)) if i not in set(asked)]
+                        rest = [i for i, p in enumerate(plans) if p.req_id not in so.shadow_req_ids]
                         plans = [plans[i] for i in rest]
                         sampled = sampled.index_select(0, torch.tensor(rest, dtype=torch.int64, device=self.device))
                         self._apply_tokens(plans, committed_tokens(sampled))
