@@ -21,23 +21,23 @@ from collections.abc import Iterable
 import torch
 
 from tandem.core.interface import SchedulerOutput
-from tandem.core.limits import UNBOUNDED, remaining_tokens
 from tandem.model.forward_batch import KVCache
 from tandem.model.transformer import CausalLM
 from tandem.sample import RejectionSampler, RowSpec, Sampler, SamplingMetadata
 from tandem.sample.sampler import LogprobsTensors, compute_logprobs
-from tandem.spec_decode.proposer import OnHost, ProposeInput, Proposer, committed_tokens
+from tandem.spec_decode.proposer import OnHost, Proposer
 from tandem.speculative_config import TreeConfig
 from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.input_batch import InputBatch
+from tandem.worker.drafting import Drafting
 from tandem.worker.input_prep import RequestPlan, StepInputs, prepare_inputs
 from tandem.worker.pending import PendingStep, PromptLogprobs
 from tandem.worker.pooler import Pooler
 from tandem.worker.tree_step import TreeSteps
 
 
-class ModelRunner:
+class ModelRunner(Drafting):
     def __init__(
         self,
         model: CausalLM,
@@ -344,77 +344,3 @@ class ModelRunner:
             for p, d in zip(pending.sampling, drafts):
                 if reqs.get(p.req_id) is p.state:
                     p.state.drafts = d
-
-    def _propose(
-        self, so: SchedulerOutput, step: StepInputs, sampled: torch.Tensor, fwd: object, k_step: int, kv_pass: bool
-    ) -> tuple[torch.Tensor, bool, tuple[list[str], torch.Tensor] | None]:
-        """Next drafts [B, k] (-1 padded, at most ``k_step`` each) on the device; True when the proposer
-        already applied this step's tokens to the host records (a host-side drafter, ``OnHost``); the shadow
-        drafts asked for (``so.shadow_req_ids``, core/shadow.py): their request ids and [S, k] drafts, made
-        but not verified. ``kv_pass``: a drafter with its own KV runs even when it drafts nothing (prompt
-        chunks)."""
-        assert self.proposer is not None
-        plans = step.sampling
-        with self.tracer.span("propose", track="device", step=so.step_id, reqs=len(plans), k=k_step):
-            slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=self.device)
-            if k_step == 0 and not kv_pass:
-                drafts = torch.full((len(plans), self.k), -1, dtype=torch.int64, device=self.device)
-                self.batch.set_drafts(slots, drafts)  # no drafts this time; a drafter's KV catches up later
-                shadow = None
-                asked = [i for i, p in enumerate(plans) if p.req_id in so.shadow_req_ids]
-                if asked and so.num_shadow_drafts:
-                    with self.tracer.span("shadow", track="device", step=so.step_id, reqs=len(asked)):
-                        sub = [plans[i] for i in asked]
-                        pick = torch.tensor(asked, dtype=torch.int64, device=self.device)
-                        inp = self._propose_input(so.step_id, step, sub, slots.index_select(0, pick),
-                                                  sampled.index_select(0, pick), fwd, so.num_shadow_drafts)
-                        shadow = ([p.req_id for p in sub], self.proposer.propose(inp))
-                    if inp.tokens_applied:  # a host-side drafter applied theirs: the others' tokens now
-                        rest = [i for i, p in enumerate(plans) if p.req_id not in so.shadow_req_ids]
-                        plans = [plans[i] for i in rest]
-                        sampled = sampled.index_select(0, torch.tensor(rest, dtype=torch.int64, device=self.device))
-                        self._apply_tokens(plans, committed_tokens(sampled))
-                        if self.proposer.follows_every_step:
-                            self.proposer.follow([p.state for p in plans])
-                        return drafts, True, shadow  # type: ignore[return-value]
-                if not self.proposer.follows_every_step:
-                    return drafts, False, shadow  # type: ignore[return-value]
-                # A host-side index follows every committed token (suffix decoding): applied now, indexed.
-                self._apply_tokens(plans, committed_tokens(sampled))
-                self.proposer.follow([p.state for p in plans])
-                return drafts, True, shadow  # type: ignore[return-value]
-            inp = self._propose_input(so.step_id, step, plans, slots, sampled, fwd, k_step)
-            drafts = self.proposer.propose(inp)
-            assert isinstance(drafts, torch.Tensor)
-            self.batch.set_drafts(slots, drafts)
-        return drafts, inp.tokens_applied, None
-
-    def _propose_input(self, step_id: int, step: StepInputs, plans: list[RequestPlan], slots: torch.Tensor,
-                       sampled: torch.Tensor, fwd: object, k_step: int) -> ProposeInput:
-        """What the proposer reads for ``plans`` (sampling requests of ``step`` in ``slots``), at most
-        ``k_step`` drafts each."""
-        assert self.proposer is not None
-        # Exact per-request draft cap on the device: never past max_tokens, max_model_len or ``k_step``.
-        n_tokens = self.batch.num_tokens.index_select(0, slots)
-        prompt = torch.tensor([p.state.num_prompt_tokens for p in plans], device=self.device)
-        max_tok = torch.tensor([p.state.sampling_params.max_tokens or UNBOUNDED for p in plans],
-                               device=self.device)
-        left = remaining_tokens(n_tokens, prompt, max_tok, self.max_model_len, minimum=torch.minimum)
-        max_drafts = (left - 1).clamp(min=0, max=k_step)
-        hidden = {-1: fwd.hidden_states}  # type: ignore[attr-defined]
-        for layer, h in zip(self.proposer.aux_hidden_layers, fwd.aux_hidden_states):  # type: ignore[attr-defined]
-            hidden[layer] = h
-        return ProposeInput(
-            states=[p.state for p in plans],
-            slots=slots,
-            input_batch=self.batch,
-            sampled=sampled,
-            max_drafts=max_drafts,
-            num_drafts=k_step,
-            batch=step.batch,
-            hidden_states=hidden,
-            sample_rows=[p.sample_rows for p in plans],
-            prefill_states=[p.state for p in step.plans if not p.samples],
-            step_id=step_id,
-            apply_tokens=lambda lists: self._apply_tokens(plans, lists),
-        )
