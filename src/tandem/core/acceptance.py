@@ -77,18 +77,18 @@ class Acceptance:
         learns (a shadow's score, core/shadow.py)."""
         c = self.kind_of(req)[0]
         cls, counts = self.by_class[c], self.class_counts[c]
-        acc, n = [0.0] * self.k, [0.0] * self.k
+        own = None
         if own_counts:
             own = self._own(req.request_id)
             if own is None:
                 own = ([0.0] * self.k, [0.0] * self.k)
                 self.by_request[req.request_id] = (*own, self.step)
-            acc, n = own
         tried = min(num_accepted + 1, num_positions, self.k)
         for j in range(tried):
             hit = 1.0 if j < num_accepted else 0.0
-            acc[j] += hit
-            n[j] += 1.0
+            if own is not None:
+                own[0][j] += hit
+                own[1][j] += 1.0
             counts[j] += 1
             cls[j] += max(GLOBAL_WEIGHT, 1.0 / (counts[j] + CLASS_PRIOR_COUNT)) * (hit - cls[j])
         # Positions never verified in the class read as the one before them. Verified positions are always a

@@ -50,7 +50,7 @@ class Drafting:
             if k_step == 0 and not kv_pass:
                 drafts = torch.full((len(plans), self.k), -1, dtype=torch.int64, device=self.device)
                 self.batch.set_drafts(slots, drafts)  # no drafts this time; a drafter's KV catches up later
-                shadow = None
+                shadow, applied = None, False
                 asked = [i for i, p in enumerate(plans) if p.req_id in so.shadow_req_ids]
                 if asked and so.num_shadow_drafts:
                     with self.tracer.span("shadow", track="device", step=so.step_id, reqs=len(asked)):
@@ -58,21 +58,21 @@ class Drafting:
                         pick = torch.tensor(asked, dtype=torch.int64, device=self.device)
                         inp = self._propose_input(so.step_id, step, sub, slots.index_select(0, pick),
                                                   sampled.index_select(0, pick), fwd, so.num_shadow_drafts)
-                        shadow = ([p.req_id for p in sub], self.proposer.propose(inp))
-                    if inp.tokens_applied:  # a host-side drafter applied theirs: the others' tokens now
+                        made = self.proposer.propose(inp)
+                        assert isinstance(made, torch.Tensor)
+                        shadow, applied = ([p.req_id for p in sub], made), inp.tokens_applied
+                    if applied:  # a host-side drafter applied the shadowed requests' tokens: the others' below
                         rest = [i for i, p in enumerate(plans) if p.req_id not in so.shadow_req_ids]
                         plans = [plans[i] for i in rest]
                         sampled = sampled.index_select(0, torch.tensor(rest, dtype=torch.int64, device=self.device))
-                        self._apply_tokens(plans, committed_tokens(sampled))
-                        if self.proposer.follows_every_step:
-                            self.proposer.follow([p.state for p in plans])
-                        return drafts, True, shadow  # type: ignore[return-value]
-                if not self.proposer.follows_every_step:
-                    return drafts, False, shadow  # type: ignore[return-value]
-                # A host-side index follows every committed token (suffix decoding): applied now, indexed.
+                if not applied and not self.proposer.follows_every_step:
+                    return drafts, False, shadow
+                # The (other) tokens applied to the host records now; a host-side index follows every committed
+                # token (suffix decoding).
                 self._apply_tokens(plans, committed_tokens(sampled))
-                self.proposer.follow([p.state for p in plans])
-                return drafts, True, shadow  # type: ignore[return-value]
+                if self.proposer.follows_every_step:
+                    self.proposer.follow([p.state for p in plans])
+                return drafts, True, shadow
             inp = self._propose_input(so.step_id, step, plans, slots, sampled, fwd, k_step)
             drafts = self.proposer.propose(inp)
             assert isinstance(drafts, torch.Tensor)

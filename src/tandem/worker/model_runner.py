@@ -29,8 +29,8 @@ from tandem.spec_decode.proposer import OnHost, Proposer
 from tandem.speculative_config import TreeConfig
 from tandem.structured.manager import StructuredOutputManager
 from tandem.trace.tracer import NULL_TRACER, Tracer
-from tandem.worker.input_batch import InputBatch
 from tandem.worker.drafting import Drafting
+from tandem.worker.input_batch import InputBatch
 from tandem.worker.input_prep import RequestPlan, StepInputs, prepare_inputs
 from tandem.worker.pending import PendingStep, PromptLogprobs
 from tandem.worker.pooler import Pooler
