@@ -60,7 +60,7 @@ def resolve_execution(device: torch.device | str) -> ExecutionPlan:
 
     cpu = torch.device(device).type == "cpu"
     return ExecutionPlan(
-        attention_backend=default_attention_backend(),
+        attention_backend=default_attention_backend(device),
         linear_kernels=default_linear_kernels(device),
         native_decode=cpu and overrides.native_decode_enabled() and decode_forward_kernel() is not None,
         native=native.enabled(),

@@ -41,7 +41,8 @@ def _batch(layout: list[tuple[int, int]], block_size: int = 4):
 
 @needs_cc
 def test_kernel_builds_and_is_the_default_backend() -> None:
-    assert default_attention_backend() == "paged_cpu"
+    assert default_attention_backend() == default_attention_backend("cpu") == "paged_cpu"
+    assert default_attention_backend("cuda") == "sdpa"  # paged_cpu would only fall back to it there
     backend = PagedCpuBackend(torch.float32)
     assert backend.kernel is not None, "the native kernel did not build on a machine with a compiler"
     batch, *_ = _batch([(5, 1), (9, 4), (0, 40)])

@@ -142,7 +142,7 @@ class CausalLM(nn.Module):
         if not dtype.is_floating_point:
             raise ValueError(f"model dtype must be floating point, got {dtype}")
         if attn_backend is None:
-            attn_backend = default_attention_backend()
+            attn_backend = default_attention_backend(device)
         backend = (
             create_attention_backend(attn_backend, dtype)
             if isinstance(attn_backend, str)

@@ -26,9 +26,11 @@ ATTENTION_BACKENDS: Mapping[str, Callable[[torch.dtype], AttentionBackend]] = Ma
 )
 
 
-def default_attention_backend() -> str:
-    """``paged_cpu``, or the backend named by ``TANDEM_ATTENTION_BACKEND`` (for A/B measurements)."""
-    name = overrides.attention_backend() or DEFAULT_ATTENTION_BACKEND
+def default_attention_backend(device: torch.device | str = "cpu") -> str:
+    """``paged_cpu`` on the CPU, ``sdpa`` on other devices (where ``paged_cpu`` would only fall back to SDPA:
+    shown as what runs), or the backend named by ``TANDEM_ATTENTION_BACKEND`` (for A/B measurements)."""
+    cpu = torch.device(device).type == "cpu"
+    name = overrides.attention_backend() or (DEFAULT_ATTENTION_BACKEND if cpu else "sdpa")
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
             f"TANDEM_ATTENTION_BACKEND={name!r}; registered: {sorted(ATTENTION_BACKENDS)}"
