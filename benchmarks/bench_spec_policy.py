@@ -10,6 +10,7 @@ the time between a point's repeats spreads them over the machine's slow and fast
     python benchmarks/bench_spec_policy.py --concurrency 1 4 16 32 --temperatures 0 0.7 1.0 \\
         --methods ngram eagle3 --num-prompts 32 --output-len 64
     python benchmarks/bench_spec_policy.py --methods ngram eagle3 suffix --fixed-k 0 --repeats 3  # adaptive only
+    python benchmarks/bench_spec_policy.py --aa ...   # with an A/A control: a second no-speculation server
 
 Writes ``benchmarks/results/spec_policy.json`` (every run's ``bench serve`` result; ``--name`` changes the
 stem), a Markdown table (output tok/s and the ratio to no speculation at each point; with several
@@ -31,10 +32,11 @@ from bench_serve import start_server, stop_server  # noqa: E402
 from common import environment  # noqa: E402
 
 
-def arms(methods: list[str], k: int, fixed_k: list[int]) -> dict[str, list[str]]:
-    """nospec; per method the fixed policy at each of ``fixed_k`` (``m_fixed`` at k itself, ``m_fixed_k<j>``
-    otherwise; none for 0) and the adaptive one (up to k)."""
-    out = {"nospec": []}
+def arms(methods: list[str], k: int, fixed_k: list[int], aa: bool = False) -> dict[str, list[str]]:
+    """nospec; with ``aa`` a second no-speculation server, ``nospec_b`` (an A/A control: its ratio to nospec is
+    the measurement's own spread); per method the fixed policy at each of ``fixed_k`` (``m_fixed`` at k itself,
+    ``m_fixed_k<j>`` otherwise; none for 0) and the adaptive one (up to k)."""
+    out: dict[str, list[str]] = {"nospec": []} | ({"nospec_b": []} if aa else {})
     for m in methods:
         for j in sorted(set(fixed_k) - {0}):
             cfg = {"method": m, "num_speculative_tokens": j, "policy": "fixed"}
@@ -55,6 +57,8 @@ def main() -> int:
                     help="k of the fixed-policy arms (default: --k alone; 0: no fixed arm)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of the whole grid, each on fresh servers; tok/s = all their tokens / all their time")
+    ap.add_argument("--aa", action="store_true",
+                    help="add nospec_b, a second no-speculation server: the A/A control of the comparison")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--server-flags", default="--max-num-seqs 64", help="extra `tandem serve` flags")
@@ -65,7 +69,7 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="tandem-bench-policy-"))
     print(f"server logs and each run's bench serve result: {logs}", flush=True)
-    table = arms(ns.methods, ns.k, ns.fixed_k or [ns.k])
+    table = arms(ns.methods, ns.k, ns.fixed_k or [ns.k], ns.aa)
     commands: list[str] = []
     runs, names = [], list(table)
     points = [(t, c) for t in ns.temperatures for c in ns.concurrency]
