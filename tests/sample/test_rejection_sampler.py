@@ -52,6 +52,12 @@ def no_greedy(batch: int) -> torch.Tensor:
     return torch.zeros(batch, dtype=torch.bool)
 
 
+# The statistical tests run on the CPU everywhere and on a CUDA device where there is one (the sampler keeps
+# everything on the device: its own random numbers, its own kernels).
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
 # --------------------------------------------------------------------------------------------------
 # greedy: exact outputs
 
@@ -229,9 +235,10 @@ def check_chain(
             alpha = (alpha.unsqueeze(1) * weight(p[i], q[i])).sum(0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("with_draft_probs", [True, False])
-def test_distribution_matches_target(k: int, with_draft_probs: bool) -> None:
+def test_distribution_matches_target(k: int, with_draft_probs: bool, device: str) -> None:
     gen = torch.Generator().manual_seed(1000 * k + with_draft_probs)
     torch.manual_seed(k)  # the sampler's unseeded rows draw from the default generator
     vocab, n = 8, 200_000
@@ -241,8 +248,10 @@ def test_distribution_matches_target(k: int, with_draft_probs: bool) -> None:
         # so that enough rows reach the deeper positions (one-hot acceptance is only p(d)).
         q = [0.25 * qi + 0.75 * pi**2 / (pi**2).sum(-1, keepdim=True) for pi, qi in zip(p, q)]
     drafts, p_rows, q_rows = draw_batch(p, q, n, gen)
-    out = rejection_sample(p_rows, drafts, q_rows if with_draft_probs else None, None, no_greedy(n))
-    check_chain(out, p, q, one_hot_drafts=not with_draft_probs)
+    out = rejection_sample(p_rows.to(device), drafts.to(device), q_rows.to(device) if with_draft_probs else None,
+                           None, no_greedy(n).to(device))
+    assert out.device.type == device
+    check_chain(out.cpu(), p, q, one_hot_drafts=not with_draft_probs)
 
 
 def reference_top_k_top_p(logits: torch.Tensor, k: int, top_p: float) -> torch.Tensor:

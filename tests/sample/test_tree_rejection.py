@@ -19,7 +19,7 @@ from tandem.sample.tree_rejection import (
     tree_depths,
     tree_rejection_sample,
 )
-from tests.sample.test_rejection_sampler import DELTA, empirical, random_dist, tv, tv_bound
+from tests.sample.test_rejection_sampler import DELTA, DEVICES, empirical, random_dist, tv, tv_bound
 
 
 def _t(rows: list[list[int]]) -> torch.Tensor:
@@ -100,7 +100,8 @@ def test_a_chain_tree_is_the_chain_sampler_draw_for_draw(greedy: bool) -> None:
     assert torch.equal(tree.num_accepted, (chain != -1).sum(1) - 1)
 
 
-def test_the_emitted_tokens_follow_the_target() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_emitted_tokens_follow_the_target(device: str) -> None:
     """One tree (2 children under the root, 2 under each, 1 under the first grandchild), 200,000 rows,
     drafts chosen without looking at the target. The first token follows p_root; the second, over rows
     that accepted a first node, follows p_root(x) p_x(y) restricted to the candidates x; the third likewise.
@@ -116,9 +117,10 @@ def test_the_emitted_tokens_follow_the_target() -> None:
     p_rows = 0.5 * p_rows
     for row, cand in ((0, [1, 3]), (1, [0, 2]), (2, [4, 1]), (3, [3])):
         p_rows[row, cand] += 0.5 / len(cand)
-    out = tree_rejection_sample(p_rows.expand(n, -1, -1), d.expand(n, -1), parent.expand(n, -1), None,
-                                torch.zeros(n, dtype=torch.bool))
-    toks = out.output_token_ids
+    out = tree_rejection_sample(p_rows.expand(n, -1, -1).to(device), d.expand(n, -1).to(device),
+                                parent.expand(n, -1).to(device), None, torch.zeros(n, dtype=torch.bool, device=device))
+    toks = out.output_token_ids.cpu()
+    assert out.output_token_ids.device.type == device
     first = empirical(toks[:, 0], vocab)
     assert tv(first, p_rows[0]) < tv_bound(n, vocab)
     rate = (toks[:, 1] != -1).double().mean().item()
@@ -137,7 +139,7 @@ def test_the_emitted_tokens_follow_the_target() -> None:
     assert m > 5000
     third = empirical(toks[path, 2], vocab)
     assert tv(third, p_rows[3]) < tv_bound(m, vocab)
-    assert set(out.accepted_nodes[path, :2].unique().tolist()) == {1, 3}
+    assert set(out.accepted_nodes.cpu()[path, :2].unique().tolist()) == {1, 3}
 
 
 def test_bad_trees_are_refused() -> None:
