@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -32,7 +30,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from tandem import LLM, SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, grouped_bars  # noqa: E402
+
+from tandem import LLM, SamplingParams  # noqa: E402
 
 ARMS: dict[str, dict[str, Any]] = {
     "sync": {"async_scheduling": False},
@@ -118,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.execution import resolve_execution
     from tandem.trace.analyze import analyze_spans
 
-    env = {"gpu": torch.cuda.get_device_name() if ns.device != "cpu" else None, "torch": torch.__version__,
-           "cpu_cores": os.cpu_count(), "python": platform.python_version(), "dtype": ns.dtype,
-           "execution": resolve_execution(ns.device).as_dict()}
+    # The host (CPU kind, load average, commit) as every benchmark records it; the GPU and what runs on it.
+    env = environment() | {"gpu": torch.cuda.get_device_name() if ns.device != "cpu" else None,
+                           "dtype": ns.dtype, "execution": resolve_execution(ns.device).as_dict()}
     out: dict[str, Any] = {"environment": env, "args": {k: str(v) for k, v in vars(ns).items()}, "results": []}
     params = SamplingParams(temperature=0, max_tokens=ns.max_tokens, ignore_eos=True)
     bar = tqdm(total=len(ns.concurrency) * (len(ns.arms) * (ns.repeats + 1) + 2), desc="bench_cuda")
@@ -187,9 +188,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def plot(results: list[dict[str, Any]], path: str) -> None:
     """tok/s per arm, one group per (dtype, concurrency)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import grouped_bars
-
     rows = [(r["environment"]["dtype"], row) for r in results for row in r["results"]]
     arms = list(rows[0][1]["tok_s"])
     grouped_bars(path, [f"{d} c={row['concurrency']}" for d, row in rows],
