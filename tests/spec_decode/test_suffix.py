@@ -135,3 +135,16 @@ def test_the_index_follows_steps_that_draft_nothing():
     sched = llm.engine.core.scheduler
     assert sched.kv.all_free() and not sched.requests
     llm.shutdown()
+
+
+def test_the_requests_own_continuation_outweighs_other_requests():
+    """At a context both indexes have seen, the request's own continuation counts ``OWN_WEIGHT`` times: seen
+    once there, it outvotes another continuation seen in two earlier requests' outputs (summed plainly, the
+    earlier requests' would win)."""
+    p = _proposer(cached=4)
+    for rid in ("x", "y"):
+        done = _state(rid, [90], [40, 41, 42, 43])
+        p.propose_one(done, 0)
+        p.remove_requests({rid})
+    new = _state("new", [40, 41, 50, 51, 7, 40, 41])  # its own text: after (40, 41) comes 50
+    assert p.propose_one(new, 2) == [50, 51]

@@ -8,11 +8,11 @@ and outputs, grown by the tokens each step commits; a global index holds the out
 ``suffix_decoding_max_cached_requests`` requests that left (their contexts may reach into their prompts).
 
 Drafting, per request: the longest context ending at the last token that either index has seen picks the
-continuation counts (both indexes added); the most frequent token is drafted, its frequency share
-multiplies a running score, and drafting goes on from the extended context until ``k`` drafts, the request's
-limit, ``suffix_decoding_max_spec_factor`` x the first match's length, or a score below
-``suffix_decoding_min_token_prob``. Drafts are greedy and verified exactly (q one-hot), so a hash collision
-can only cost acceptance, never correctness.
+continuation counts (both indexes added, the request's own counted ``OWN_WEIGHT`` times); the most frequent
+token is drafted, its frequency share multiplies a running score, and drafting goes on from the extended
+context until ``k`` drafts, the request's limit, ``suffix_decoding_max_spec_factor`` x the first match's
+length, or a score below ``suffix_decoding_min_token_prob``. Drafts are greedy and verified exactly (q
+one-hot), so a hash collision can only cost acceptance, never correctness.
 
 Host-side (behind ``OnHost``: it reads the committed tokens), so it works with async scheduling and, being
 a deterministic function of what every rank sees, under tensor parallelism. Memory: about 100 bytes per
@@ -32,6 +32,10 @@ from tandem.worker.request_state import RequestState
 _MOD = (1 << 61) - 1
 _BASE = 1_000_003
 _KEY = "suffix_index"  # RequestState.proposer_state: (its SuffixIndex, tokens indexed so far)
+# A continuation in the request's own tokens counts this many times one in other requests' outputs: a request
+# repeats itself more surely than it repeats others (at a context both have seen, e.g. after "```python\ndef",
+# the summed counts let other requests' function names outvote the request's own, once each).
+OWN_WEIGHT = 4
 
 
 def _context_hashes(tokens: list[int], end: int, depth: int) -> list[int]:
@@ -123,7 +127,7 @@ class SuffixProposer(Proposer):
             for n, key in reversed(list(enumerate(_context_hashes(ctx, len(ctx), self.depth), 1))):
                 own, cached = index.counts(key), self.global_index.counts(key)
                 if own or cached:
-                    counts = dict(own or {})
+                    counts = {tok: OWN_WEIGHT * c for tok, c in (own or {}).items()}
                     for tok, c in (cached or {}).items():
                         counts[tok] = counts.get(tok, 0) + c
                     match = n
