@@ -15,9 +15,12 @@ length, or a score below ``suffix_decoding_min_token_prob``. Drafts are greedy a
 one-hot), so a hash collision can only cost acceptance, never correctness.
 
 Host-side (behind ``OnHost``: it reads the committed tokens), so it works with async scheduling and, being
-a deterministic function of what every rank sees, under tensor parallelism. Memory: about 100 bytes per
-(token, context length) pair — ~2.4 KB per token at depth 24 — for each live request's prompt and outputs
-and for the cached outputs (their number bounded by ``suffix_decoding_max_cached_requests``).
+a deterministic function of what every rank sees, under tensor parallelism. Where native kernels are on
+(``execution.native``) the index and the drafting loop run in C (native/suffix_index.c: the same drafts,
+~10x less time — keeping the index current cost ~5 % of a step at 4 streams in Python, BENCHMARKS.md §19);
+this module's ``SuffixIndex`` and ``draft`` are the reference. Memory per (token, context length) pair —
+~24 pairs a token at depth 24 — for each live request's prompt and outputs and for the cached outputs (their
+number bounded by ``suffix_decoding_max_cached_requests``): about 100 bytes in Python, ~30 in C.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections import deque
 from typing import Any
 
 from tandem.config import SpeculativeConfig
+from tandem.native import suffix_index as native_index
 from tandem.spec_decode.proposer import ProposeInput, Proposer
 from tandem.worker.request_state import RequestState
 
@@ -94,32 +98,45 @@ class SuffixProposer(Proposer):
     follows_every_step = True  # its index catches up on every step, drafting or not
 
     def __init__(self, num_speculative_tokens: int, depth: int, max_cached_requests: int, max_spec_factor: float,
-                 min_token_prob: float) -> None:
+                 min_token_prob: float, lib: Any = None) -> None:
+        """``lib``: the native index (native/suffix_index.py's ``load()``); ``None``: the Python reference."""
         super().__init__(num_speculative_tokens)
         self.depth, self.max_spec_factor, self.min_token_prob = depth, max_spec_factor, min_token_prob
         self.max_cached_requests = max_cached_requests
-        self.global_index = SuffixIndex(depth)
+        self._lib = lib
+        self.global_index = self._new_index()
         self._cached: deque[tuple[list[int], int]] = deque()  # (tokens, first output position) per request
         self._live: dict[str, RequestState] = {}
 
     @classmethod
     def build(cls, config: SpeculativeConfig, **_: Any) -> SuffixProposer:
+        # The index in C where native kernels are on (the engine's resolved ``execution.native``), else Python:
+        # the same drafts (tests/native/test_suffix_index.py), without an interpreter step per update.
         return cls(config.num_speculative_tokens, config.suffix_decoding_max_tree_depth,
                    config.suffix_decoding_max_cached_requests, config.suffix_decoding_max_spec_factor,
-                   config.suffix_decoding_min_token_prob)
+                   config.suffix_decoding_min_token_prob, native_index.load())
+
+    def _new_index(self) -> SuffixIndex | native_index.NativeSuffixIndex:
+        if self._lib is None:
+            return SuffixIndex(self.depth)
+        return native_index.NativeSuffixIndex(self._lib, self.depth)
 
     def _own_index(self, st: RequestState) -> tuple[SuffixIndex, list[int]]:
         """The request's index, caught up with its committed tokens; and those tokens."""
         tokens = st.prompt_token_ids + st.output_token_ids
         index, done = st.proposer_state.get(_KEY, (None, 0))  # type: ignore[misc]
         if index is None:
-            index = SuffixIndex(self.depth)
+            index = self._new_index()
         index.add(tokens, done)
         st.proposer_state[_KEY] = (index, len(tokens))
         return index, tokens
 
-    def draft(self, index: SuffixIndex, tokens: list[int], limit: int) -> list[int]:
+    def draft(self, index: SuffixIndex | native_index.NativeSuffixIndex, tokens: list[int], limit: int) -> list[int]:
         """Up to ``limit`` drafts continuing ``tokens`` (see the module docstring)."""
+        native = native_index.NativeSuffixIndex
+        if isinstance(index, native) and isinstance(self.global_index, native) and index.depth == self.depth:
+            return native_index.draft(index, self.global_index, tokens, limit, OWN_WEIGHT, self.max_spec_factor,
+                                      self.min_token_prob)
         ctx, drafts, score = list(tokens), [], 1.0
         while len(drafts) < limit:
             counts: dict[int, int] = {}
