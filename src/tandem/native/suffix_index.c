@@ -218,17 +218,22 @@ static void uncount(sx_index *ix, uint64_t key, int32_t tok) {
  * when out of memory (the index then holds part of the additions). */
 int sx_add(void *p, const int32_t *t, int64_t n, int64_t start, int sign) {
     sx_index *ix = p;
-    uint64_t hs[ix->depth];
+    uint64_t *hs = malloc((size_t)ix->depth * sizeof *hs);  /* the depth is the user's: not on the stack */
+    if (!hs) return -1;
     for (int64_t pos = start > 1 ? start : 1; pos < n; pos++) {
         int m = context_hashes(t, pos, ix->depth, hs);
         for (int j = 0; j < m; j++) {
             if (sign > 0) {
-                if (count(ix, hs[j], t[pos]) != 0) return -1;
+                if (count(ix, hs[j], t[pos]) != 0) {
+                    free(hs);
+                    return -1;
+                }
             } else {
                 uncount(ix, hs[j], t[pos]);
             }
         }
     }
+    free(hs);
     return 0;
 }
 
