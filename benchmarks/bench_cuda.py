@@ -9,7 +9,9 @@ kind of step costs there.
 
 Arms, each an engine in this process (1 GiB of KV each), taking turns run by run: ``sync`` and ``async``
 without speculation; ``ngram`` (k 3), ``eagle3`` (the shipped head, a chain of 3) and ``tree`` (the same head,
-top-k 4, 16 nodes), all async with ``policy: fixed`` (every step verifies all of its drafts). At each
+top-k 4, 16 nodes), all async with ``policy: fixed`` (every step verifies all of its drafts); on request
+(``--arms``) also ``suffix`` (fixed, its default depth 24) and ``ngram_adaptive`` / ``eagle3_adaptive`` (k 3
+under the adaptive policy, which fits the step's cost on the device). At each
 concurrency c, c prompts generate ``--max-tokens`` tokens each, greedy, EOS ignored. Checked: every arm's
 tokens equal the sync arm's (in float32 with TF32 off, the default here). A traced sync and async run per
 concurrency give the overlap analysis.
@@ -44,7 +46,12 @@ ARMS: dict[str, dict[str, Any]] = {
     "tree": {"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3, "policy": "fixed",
                                     "model": "smollm2-135m-instruct-eagle3",
                                     "tree": {"top_k": 4, "max_nodes": 16}}},
+    "suffix": {"speculative_config": {"method": "suffix", "policy": "fixed"}},
+    "ngram_adaptive": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+    "eagle3_adaptive": {"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3,
+                                               "model": "smollm2-135m-instruct-eagle3"}},
 }
+DEFAULT_ARMS = ["sync", "async", "ngram", "eagle3", "tree"]
 
 
 def export_shape(out: Path) -> None:
@@ -97,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", type=Path, default=Path("/tmp/tandem-cuda-model"))
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of this script here")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
@@ -168,9 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         out["results"].append(row)
     bar.close()
     print(f"\n{env}")
-    print(f"{'c':>4} " + "".join(f"{a:>10}" for a in ns.arms) + "   (tok/s; * = tokens differ from sync)")
+    w = max(10, *(len(a) + 1 for a in ns.arms))
+    print(f"{'c':>4} " + "".join(f"{a:>{w}}" for a in ns.arms) + "   (tok/s; * = tokens differ from sync)")
     for row in out["results"]:
-        cells = "".join(f"{row['tok_s'][a]:>9.0f}{'' if row['equal_to_sync'][a] else '*'}" + " " for a in ns.arms)
+        cells = "".join(f"{row['tok_s'][a]:>{w - 1}.0f}{'' if row['equal_to_sync'][a] else '*'}" + " "
+                        for a in ns.arms)
         print(f"{row['concurrency']:>4} {cells}")
         for a in ("sync", "async"):
             s = row["trace_summary"][a]
