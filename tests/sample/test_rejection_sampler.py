@@ -447,3 +447,33 @@ def test_greedy_fast_path_equals_one_hot_rule(seed: int) -> None:
 def test_greedy_verify_shape_check() -> None:
     with pytest.raises(ValueError, match="target_ids"):
         greedy_verify(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("with_draft_probs", [False, True])
+def test_glue_reads_rows_in_place_equal_to_padded_rule(seed: int, with_draft_probs: bool) -> None:
+    """The glue hands the rule the verify rows with an index instead of a padded [B, K+1, V] copy: the
+    tokens equal the rule on the padded distributions, bit for bit — seeded random requests beside a greedy
+    one, ragged drafts, a request without drafts, with and without draft probabilities."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab, k = 16, 3
+    num_drafts = [3, 0, 1, 2, 3]
+    params = [SamplingParams(temperature=0.8, seed=seed * 10 + b) for b in range(len(num_drafts))]
+    params[3] = SamplingParams(temperature=0.0)
+    drafts = torch.full((len(num_drafts), k), -1)
+    rows = []
+    for b, n in enumerate(num_drafts):
+        d = torch.randint(0, vocab, (n,), generator=gen).tolist()
+        drafts[b, :n] = torch.tensor(d, dtype=torch.int64)
+        rows += verify_rows(params[b], b, [b % vocab, 7], d)
+    logits = torch.randn(len(rows), vocab, generator=gen) * 2
+    q = torch.softmax(torch.randn(len(num_drafts), k, vocab, generator=gen), dim=-1) if with_draft_probs else None
+    meta = SamplingMetadata.build(rows, vocab, "cpu")
+    out = RejectionSampler()(logits, meta, drafts, num_drafts, q).output_token_ids
+    starts = [sum(n + 1 for n in num_drafts[:b]) for b in range(len(num_drafts))]
+    index = torch.tensor([[s + min(j, n) for j in range(k + 1)] for s, n in zip(starts, num_drafts)])
+    greedy = [meta.is_greedy[s] for s in starts]
+    gens = [None if g else make_generator(meta.generator_keys[s], "cpu") for g, s in zip(greedy, starts)]
+    ref = rejection_sample(Sampler().compute_probs(logits, meta)[index], drafts, q, gens, torch.tensor(greedy))
+    assert out.tolist() == ref.tolist()
+    assert (out[1, 1:] == -1).all() and out[1, 0] >= 0  # no drafts: one token

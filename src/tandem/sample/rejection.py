@@ -70,8 +70,11 @@ def rejection_sample(
     accepted drafts followed by one recovered or bonus token. Draft ids must be below V; that is not
     checked, as checking would synchronise with the device.
     """
+    batch, k = _check(target_probs, draft_token_ids, draft_probs, generators, greedy_mask)
+    index = torch.arange(batch * (k + 1), device=target_probs.device).view(batch, k + 1)
     return _rejection_sample(
-        target_probs, draft_token_ids, draft_probs, generators, greedy_mask, any_random=True
+        target_probs.reshape(batch * (k + 1), -1), index, draft_token_ids, draft_probs, generators,
+        greedy_mask, any_random=True,
     )
 
 
@@ -98,48 +101,62 @@ def greedy_verify(target_ids: torch.Tensor, draft_token_ids: torch.Tensor) -> to
 
 
 def _rejection_sample(
-    p: torch.Tensor,
+    p_rows: torch.Tensor,
+    index: torch.Tensor,
     draft: torch.Tensor,
     q: torch.Tensor | None,
     generators: Sequence[torch.Generator | None] | None,
     greedy_mask: torch.Tensor,
     *,
     any_random: bool,
+    any_greedy: bool = True,
 ) -> torch.Tensor:
-    batch, k = _check(p, draft, q, generators, greedy_mask)
-    vocab, device = p.shape[2], p.device
+    """The rule on ``p`` given as rows: p_i of request b is ``p_rows[index[b, i]]`` ([R, V] and [B, K+1]),
+    so a batch whose requests verify different numbers of drafts is never padded to [B, K+1, V] — only
+    the rows the rule reads are touched (argmax over the R rows, one row per request for the final draw).
+    ``any_random`` / ``any_greedy``: whether ``greedy_mask`` has a False / a True (known on the host; the
+    argmax is skipped where no row is greedy)."""
+    batch, k = index.shape[0], index.shape[1] - 1
+    vocab, device = p_rows.shape[1], p_rows.device
     # [B, K]: the prefix before the first -1 (anything after it is ignored)
     valid = (draft >= 0).to(torch.int64).cumprod(dim=1).bool()
     d = torch.where(valid, draft, 0)
-    p_argmax = argmax_last(p)  # [B, K+1]
-    accept = valid & (d == p_argmax[:, :k])  # the greedy rule
+    p_argmax = argmax_last(p_rows)[index] if any_greedy or not any_random else None  # [B, K+1]
+    accept = valid & (d == p_argmax[:, :k]) if p_argmax is not None else valid  # the greedy rule
     if any_random:
         gens = list(generators) if generators is not None else [None] * batch
         noise = exponential_noise(batch, vocab, gens, device)  # drawn first: see the module doc
         u = uniform_noise(batch, k, gens, device)
-        p_d = p[:, :k].gather(2, d.unsqueeze(2)).squeeze(2)  # [B, K]
+        p_d = p_rows[index[:, :k], d]  # [B, K]
         q_d = torch.ones_like(p_d) if q is None else q.gather(2, d.unsqueeze(2)).squeeze(2)
         # accept with probability min(1, p/q), written without dividing; q(d) = 0 never accepts.
         accept_random = valid & (q_d > 0) & ((p_d >= q_d) | (u * q_d < p_d))
-        accept = torch.where(greedy_mask.unsqueeze(1), accept, accept_random)
+        accept = torch.where(greedy_mask.unsqueeze(1), accept, accept_random) if any_greedy else accept_random
     accepted = accept.to(torch.int64).cumprod(dim=1).bool()  # only a prefix of acceptances counts
     n_accepted = accepted.sum(dim=1)  # [B]; the final token goes to slot n_accepted
     rows = torch.arange(batch, device=device)
-    final = p_argmax[rows, n_accepted]  # greedy: recovered at the first mismatch, else bonus
+    # greedy: recovered at the first mismatch, else bonus
+    final = p_argmax[rows, n_accepted] if p_argmax is not None else None
     if any_random:
-        p_final = p[rows, n_accepted]  # [B, V]
-        dist = p_final  # bonus: all valid drafts accepted
+        dist = p_rows[index[rows, n_accepted]]  # [B, V], a copy: bonus (all valid drafts accepted) as it is
         if k > 0:
             rejected = n_accepted < valid.sum(dim=1)
             slot = n_accepted.clamp_max(k - 1)
             if q is None:
-                q_final = torch.zeros_like(p_final).scatter_(1, d[rows, slot].unsqueeze(1), 1.0)
+                # The residual of a one-hot q: p with the rejected draft's entry zeroed (max(p(d) - 1, 0) = 0,
+                # every other entry p - 0, the same floats), written into the row in place; where nothing else
+                # is left (p was all on d) the entry stays and the draw is from p, as below.
+                d_final = d[rows, slot]
+                p_df = dist[rows, d_final]
+                dist[rows, d_final] = torch.where(rejected, 0.0, p_df)
+                dist[rows, d_final] = torch.where(rejected & (dist.sum(dim=1) > 0), 0.0, p_df)
             else:
-                q_final = q[rows, slot]
-            residual = (p_final - q_final).clamp_min(0.0)
-            residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p_final)
-            dist = torch.where(rejected.unsqueeze(1), residual, p_final)
-        final = torch.where(greedy_mask, final, race_sample(dist, noise))
+                residual = (dist - q[rows, slot]).clamp_min(0.0)
+                residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, dist)
+                dist = torch.where(rejected.unsqueeze(1), residual, dist)
+        sampled = race_sample(dist, noise)
+        final = sampled if final is None else torch.where(greedy_mask, final, sampled)
+    assert final is not None
     out = torch.full((batch, k + 1), PLACEHOLDER, dtype=torch.int64, device=device)
     out[:, :k] = torch.where(accepted, d, PLACEHOLDER)
     out[rows, n_accepted] = final
@@ -235,7 +252,7 @@ class RejectionSampler:
             target_ids = self.sampler.greedy_token_ids(logits, meta)[index]
             out = greedy_verify(target_ids, drafts)
         else:
-            target_probs = self.sampler.compute_probs(logits, meta)[index]  # [B, K+1, V]
+            target_probs = self.sampler.compute_probs(logits, meta)  # [R, V]: p_i of request b in row index[b, i]
             greedy = [meta.is_greedy[s] for s in starts]
             generators = [
                 None if g else make_generator(meta.generator_keys[s], device)
@@ -243,7 +260,8 @@ class RejectionSampler:
             ]
             greedy_mask = to_device(greedy, torch.bool, device)
             out = _rejection_sample(
-                target_probs, drafts, draft_probs, generators, greedy_mask, any_random=not all(greedy)
+                target_probs, index, drafts, draft_probs, generators, greedy_mask, any_random=not all(greedy),
+                any_greedy=any(greedy),
             )
         if meta.max_num_logprobs is None:
             return RejectionOutput(out, None)
