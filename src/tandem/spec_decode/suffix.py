@@ -133,10 +133,9 @@ class SuffixProposer(Proposer):
 
     def draft(self, index: SuffixIndex | native_index.NativeSuffixIndex, tokens: list[int], limit: int) -> list[int]:
         """Up to ``limit`` drafts continuing ``tokens`` (see the module docstring)."""
-        native = native_index.NativeSuffixIndex
-        if isinstance(index, native) and isinstance(self.global_index, native) and index.depth == self.depth:
-            return native_index.draft(index, self.global_index, tokens, limit, OWN_WEIGHT, self.max_spec_factor,
-                                      self.min_token_prob)
+        if self._lib is not None:  # both indexes native (``_new_index``), at this proposer's depth
+            return native_index.draft(index, self.global_index, tokens, limit, OWN_WEIGHT,  # type: ignore[arg-type]
+                                      self.max_spec_factor, self.min_token_prob)
         ctx, drafts, score = list(tokens), [], 1.0
         while len(drafts) < limit:
             counts: dict[int, int] = {}
