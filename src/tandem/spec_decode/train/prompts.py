@@ -1,5 +1,6 @@
 """Training prompts from text every Python installation has: the standard library's functions, as a
-signature plus docstring in the shape of a code-completion prompt.
+signature plus docstring in the shape of a code-completion prompt — and, for the ``wide`` set, the same from
+the third-party libraries tandem itself installs (numpy, jinja2, matplotlib, pydantic, ...).
 
 Deterministic for a given Python: modules are scanned in a fixed order, members sorted by name, anything
 whose signature text depends on the process (``<object at 0x...>`` defaults) is skipped, and the final
@@ -28,6 +29,19 @@ STDLIB_MODULES = (
     "selectors shlex shutil smtplib socketserver statistics string stringprep struct subprocess "
     "sysconfig tarfile tempfile textwrap threading timeit tokenize tomllib trace traceback types "
     "typing urllib.parse urllib.request uuid warnings wave weakref xml.dom.minidom zipfile zoneinfo"
+).split()
+
+
+# Modules of tandem's runtime dependencies (pyproject.toml) and theirs: other authors, other domains
+# (arrays, templates, plotting, HTTP, parsing, images). Missing ones are skipped, as above.
+LIBRARY_MODULES = (
+    "numpy numpy.lib.npyio numpy.polynomial.polynomial numpy.ma.core jinja2.filters jinja2.utils "
+    "jinja2.environment jinja2.runtime tqdm.std tqdm.utils click.core click.termui click.types "
+    "starlette.datastructures starlette.routing pydantic.fields pydantic.types h11._connection "
+    "anyio.streams.memory httpx2 matplotlib.pyplot matplotlib.colors matplotlib.cbook matplotlib.figure "
+    "matplotlib.ticker matplotlib.dates matplotlib.transforms markupsafe safetensors.torch "
+    "prometheus_client.metrics prometheus_client.exposition xgrammar.compiler packaging.specifiers idna.core "
+    "dateutil.rrule pyparsing.core fontTools.misc.arrayTools PIL.Image PIL.ImageOps"
 ).split()
 
 
@@ -77,9 +91,19 @@ def _entries(module_name: str) -> list[tuple[str, str]]:
 
 def stdlib_prompts(n: int, seed: int = 0) -> list[str]:
     """``n`` distinct completion prompts (fewer if the standard library has fewer), seeded order."""
+    return _module_prompts(STDLIB_MODULES, n, seed)
+
+
+def library_prompts(n: int, seed: int = 0) -> list[str]:
+    """``n`` distinct completion prompts from :data:`LIBRARY_MODULES` (fewer if they have fewer), seeded
+    order; deterministic for given versions of those libraries."""
+    return _module_prompts(LIBRARY_MODULES, n, seed)
+
+
+def _module_prompts(modules: tuple[str, ...] | list[str], n: int, seed: int) -> list[str]:
     seen: set[str] = set()
     prompts: list[str] = []
-    for module_name in STDLIB_MODULES:
+    for module_name in modules:
         for _, prompt in _entries(module_name):
             if prompt not in seen:
                 seen.add(prompt)
@@ -88,13 +112,21 @@ def stdlib_prompts(n: int, seed: int = 0) -> list[str]:
     return prompts[:n]
 
 
-PROMPT_SETS = ("stdlib", "tasks", "mixed")
+PROMPT_SETS = ("stdlib", "tasks", "mixed", "wide")
 TASK_FRACTION = 0.65  # of a mixed set: the rest are standard-library prompts
+LIBRARY_FRACTION = 0.2  # of a wide set: the rest is the mixed set of the remaining size
 
 
 def training_prompts(kind: str, n: int, seed: int = 0) -> list[str]:
     """The training prompts of a set: ``stdlib`` (above), ``tasks`` (``tasks.py``: benchmark-shaped tasks
-    written for training) or ``mixed`` (both, ``TASK_FRACTION`` tasks, seeded order)."""
+    written for training), ``mixed`` (both, ``TASK_FRACTION`` tasks, seeded order) or ``wide`` (the mixed set
+    of ``n - m`` prompts — the very prompts ``mixed`` gives for that size — plus ``m = LIBRARY_FRACTION * n``
+    library prompts, seeded order)."""
+    if kind == "wide":
+        n_lib = round(n * LIBRARY_FRACTION)
+        out = training_prompts("mixed", n - n_lib, seed) + library_prompts(n_lib, seed)
+        random.Random(seed + 1).shuffle(out)
+        return out
     if kind == "stdlib":
         return stdlib_prompts(n, seed)
     if kind == "tasks":
