@@ -10,6 +10,9 @@ host round trips), not the engine's: acceptance is the measure here.
 
     python benchmarks/bench_tree_acceptance.py --json benchmarks/results/tree_acceptance.json \\
         --plot benchmarks/results/tree_acceptance.png
+
+``--methods eagle --model DIR`` measures another head of one method (a retrained one, say) instead of the
+shipped head.
 """
 
 from __future__ import annotations
@@ -68,14 +71,21 @@ def main() -> None:
                     help="top_k,depth,max_nodes (1,k,k: the chain)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--limit", type=int, default=None, help="first N prompts of the split only")
+    ap.add_argument("--model", default=None,
+                    help="a head directory to measure instead of the shipped one (one method only)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args()
+    if args.model and len(args.methods) != 1:
+        ap.error("--model names one head: give exactly one method")
     texts = [humaneval(max(REPORT_SPLIT) + 1)[i] for i in REPORT_SPLIT][: args.limit]
     shapes = [parse_shape(s) for s in args.shapes]
     results = []
     for method in args.methods:
-        llm = LLM(speculative_config={"method": method, "num_speculative_tokens": 3})
+        sc = {"method": method, "num_speculative_tokens": 3}
+        if args.model:
+            sc["model"] = args.model
+        llm = LLM(speculative_config=sc)
         runner = llm.engine.core.executor.runner
         model, proposer = runner.model, runner.proposer
         # Everything runs on the engine's worker thread: torch's OpenMP team belongs to the thread that built the

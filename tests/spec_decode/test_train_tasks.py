@@ -1,5 +1,6 @@
 """The written code-task prompts (spec_decode/train/tasks.py): deterministic, examples computed right, and
-nothing taken from HumanEval (the held-out evaluation set): no function name, no six-word run of text."""
+nothing taken from HumanEval (the held-out evaluation set): no function name, no six-word run of text. The
+prompt sets built from them (prompts.py): mixed and wide."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 import pytest
 
 from tandem.spec_decode.train import tasks
-from tandem.spec_decode.train.prompts import TASK_FRACTION, training_prompts
+from tandem.spec_decode.train.prompts import LIBRARY_FRACTION, TASK_FRACTION, library_prompts, training_prompts
 from tandem.spec_decode.train.tasks import FAMILIES, task_prompts
 
 
@@ -65,3 +66,18 @@ def test_mixed_set_is_mostly_tasks_and_rejects_unknown_sets() -> None:
     assert training_prompts("stdlib", 10, 0)[0].startswith("def ")
     with pytest.raises(ValueError, match="prompts"):
         training_prompts("humaneval", 10, 0)
+
+
+def test_wide_set_is_the_mixed_set_plus_library_prompts() -> None:
+    library_prompts(1)  # import the libraries first: some patch standard-library modules as they load
+    n = 200
+    wide = training_prompts("wide", n, seed=0)
+    n_lib = round(n * LIBRARY_FRACTION)
+    assert len(wide) == len(set(wide)) == n and wide == training_prompts("wide", n, seed=0)
+    mixed = training_prompts("mixed", n - n_lib, seed=0)
+    library = library_prompts(n_lib, seed=0)
+    assert set(wide) == set(mixed) | set(library) and not set(mixed) & set(library)
+    assert wide != mixed + library  # one seeded order, not the parts end to end
+    for p in library:  # a signature and a docstring, from a third-party module, as the standard-library prompts
+        assert p.startswith("def ") and '"""' in p
+    assert library != library_prompts(n_lib, seed=1)

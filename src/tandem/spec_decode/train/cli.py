@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--work-dir", default=None, help="data and resumable checkpoints (default: OUT.work)")
     p.add_argument("--num-prompts", type=int, default=512)
     p.add_argument("--prompts", default="mixed", choices=PROMPT_SETS,
-                   help="training prompt set: standard-library docstrings, written code tasks, or both")
+                   help="training prompt set: standard-library docstrings, written code tasks, both (mixed), or mixed "
+                        "plus docstrings of tandem's third-party dependencies (wide)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--corpus-tokens", type=int, default=0,
                    help="also train on this many tokens of standard-library source (teacher-forced)")
