@@ -120,8 +120,9 @@ LIBRARY_FRACTION = 0.2  # of a wide set: the rest is the mixed set of the remain
 def training_prompts(kind: str, n: int, seed: int = 0) -> list[str]:
     """The training prompts of a set: ``stdlib`` (above), ``tasks`` (``tasks.py``: benchmark-shaped tasks
     written for training), ``mixed`` (both, ``TASK_FRACTION`` tasks, seeded order) or ``wide`` (the mixed set
-    of ``n - m`` prompts — the very prompts ``mixed`` gives for that size — plus ``m = LIBRARY_FRACTION * n``
-    library prompts, seeded order)."""
+    of ``n - m`` prompts plus ``m = LIBRARY_FRACTION * n`` library prompts, seeded order). The mixed part is
+    taken first: some libraries add methods to standard-library classes as they load (transformers to
+    ``logging.Logger``), which would change the standard-library prompts taken after them."""
     if kind == "wide":
         n_lib = round(n * LIBRARY_FRACTION)
         out = training_prompts("mixed", n - n_lib, seed) + library_prompts(n_lib, seed)
