@@ -135,16 +135,34 @@ class KVCache:
         return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
     def move_rows(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
-        """Copy every layer's K/V rows at flat slots ``src_slots`` to ``dst_slots`` (``[n]`` int64 each): a
-        tree step's accepted branch, written at its nodes' slots, moved to the sequence's next positions.
-        All sources are read before any destination is written, so the two may overlap."""
-        seen: set[int] = set()
-        for t in (*self.k, *self.v):
-            if id(t) in seen:  # layers of one KV cache group share a tensor
-                continue
-            seen.add(id(t))
+        """Copy every layer's K/V rows at flat slots ``src_slots`` to ``dst_slots`` (``[n]`` int64 each, distinct
+        destinations): a tree step's accepted branch, written at its nodes' slots, moved to the sequence's
+        next positions. All sources are read before any destination is written, so the two may overlap. On
+        the CPU with native kernels one C call moves every tensor's rows (``native/kv_rows.c``); the torch
+        loop below is its reference."""
+        tensors = self._distinct_tensors
+        if self._rows_kernel is not None:
+            self._rows_kernel(tensors, src_slots, dst_slots)
+            return
+        for t in tensors:
             rows = t.view(-1, *t.shape[2:])
             rows.index_copy_(0, dst_slots, rows.index_select(0, src_slots))
+
+    @cached_property
+    def _distinct_tensors(self) -> list[torch.Tensor]:
+        """Every K and V tensor once (layers of one KV cache group share a tensor)."""
+        seen: dict[int, torch.Tensor] = {}
+        for t in (*self.k, *self.v):
+            seen.setdefault(id(t), t)
+        return list(seen.values())
+
+    @cached_property
+    def _rows_kernel(self) -> Any:
+        """The native row mover where it takes these tensors, else None (the torch loop)."""
+        from tandem.native.kv_rows import kv_rows_kernel
+
+        kernel = kv_rows_kernel()
+        return kernel if kernel is not None and kernel.takes(self._distinct_tensors) else None
 
     @cached_property
     def num_blocks(self) -> int:

@@ -1,0 +1,57 @@
+"""Python side of ``kv_rows.c``: a tree step's accepted K/V rows moved in every layer with one call
+(``KVCache.move_rows``; its torch loop is the reference). Takes CPU tensors whose rows are dense: ``[blocks,
+block_size, heads, head_dim]`` caches, contiguous, all of one shape and dtype."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import torch
+
+from tandem import native
+
+_ABI = 1
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+class KVRowsKernel:
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        lib.tandem_kv_rows_abi.restype = ctypes.c_int
+        if lib.tandem_kv_rows_abi() != _ABI:
+            raise RuntimeError("kv_rows library ABI mismatch; clear $TANDEM_CACHE_DIR/native")
+        self._fn = lib.tandem_kv_move_rows
+        self._fn.argtypes = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64]
+        self._fn.restype = ctypes.c_int
+
+    @staticmethod
+    def takes(tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether the kernel can move these tensors' rows (else the torch loop does)."""
+        first = tensors[0]
+        return all(t.device.type == "cpu" and t.is_contiguous() and t.shape == first.shape
+                   and t.dtype == first.dtype for t in tensors)
+
+    def __call__(self, tensors: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Row ``src[i]`` to row ``dst[i]`` (flat slots, ``[n]`` int64, distinct destinations) in every tensor;
+        all sources of a tensor are read before any destination is written."""
+        if not self.takes(tensors):
+            raise ValueError("kv rows kernel: contiguous CPU tensors of one shape and dtype")
+        if src.shape != dst.shape or src.dim() != 1:
+            raise ValueError(f"kv rows kernel: src {tuple(src.shape)} and dst {tuple(dst.shape)} must be [n]")
+        src = src.to(torch.int64).contiguous()
+        dst = dst.to(torch.int64).contiguous()
+        first = tensors[0]
+        n_rows = first.shape[0] * first.shape[1]
+        row_bytes = first[0, 0].numel() * first.element_size()
+        bases = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+        rc = self._fn(bases, len(tensors), n_rows, row_bytes, src.data_ptr(), dst.data_ptr(), src.numel())
+        if rc == -1:
+            raise ValueError(f"kv rows kernel: a slot outside 0 .. {n_rows - 1}")
+        if rc != 0:
+            raise MemoryError("kv rows kernel: no scratch memory")
+
+
+def kv_rows_kernel() -> KVRowsKernel | None:
+    """The compiled kernel, or ``None`` where native kernels are unavailable (see :mod:`tandem.native`)."""
+    lib = native.load("kv_rows")
+    return None if lib is None else KVRowsKernel(lib)
