@@ -28,18 +28,35 @@ TREE_METHODS = ("eagle", "eagle3", "mtp")
 MAX_TREE_ROWS = 63  # verified nodes, and draft-head rows, a request (a tree step's mask has 64 bits)
 
 
+def tree_expansions(top_k: int, depth: int, max_nodes: int) -> tuple[int, ...]:
+    """Nodes expanded (draft-head rows) at each level 1 .. depth - 1 of a draft tree: the best
+    ``min(top_k, max_nodes - d)`` of level d. Expanding another could add no verified node: a child of a
+    level-d node outside the best e of its level is outranked by its d - 1 ancestors, its parent and those e
+    nodes (scores only fall along a path; a shallower node wins a tie), so with ``e >= max_nodes - d`` it is
+    never among the ``max_nodes`` verified (nor are its descendants) — it could only take the next level's
+    expansion from a node that can be. Small trees save head rows (2 wide, 3 nodes, depth 3: 2 + 1 rows, not
+    2 + 2); larger ones expand ``top_k`` a level, as EAGLE-2 does."""
+    return tuple(min(top_k, max_nodes - d) for d in range(1, depth))
+
+
 @dataclass(frozen=True)
 class TreeConfig:
     """``speculative_config.tree``: draft trees instead of chains (EAGLE-2's dynamic trees, methods eagle,
-    eagle3 and mtp). ``top_k`` children of every expanded node, ``top_k`` nodes expanded a level, the
-    ``max_nodes`` most probable verified; the depth is ``num_speculative_tokens``."""
+    eagle3 and mtp). ``top_k`` children of every expanded node, up to ``top_k`` nodes expanded a level
+    (:func:`tree_expansions`), the ``max_nodes`` most probable verified; the depth is
+    ``num_speculative_tokens``."""
 
     top_k: int
     max_nodes: int
 
     def created(self, depth: int) -> int:
-        """Nodes a tree of this depth creates (``top_k`` on level 1, ``top_k**2`` on each later one)."""
+        """Nodes a tree of this depth would create expanding ``top_k`` nodes a level (``top_k`` on level 1,
+        ``top_k**2`` on each later one): the shape is valid when this reaches ``max_nodes``."""
         return self.top_k + (depth - 1) * self.top_k * self.top_k
+
+    def head_rows(self, depth: int) -> int:
+        """Draft-head rows a request's tree takes (:func:`tree_expansions`)."""
+        return sum(tree_expansions(self.top_k, depth, self.max_nodes))
 
     def check(self, depth: int) -> None:
         positive("speculative_config.tree.top_k", self.top_k)
@@ -50,9 +67,9 @@ class TreeConfig:
         if self.max_nodes < depth:
             raise ValueError(f"speculative_config.tree.max_nodes {self.max_nodes} must be at least the depth, "
                              f"num_speculative_tokens {depth}")
-        if self.max_nodes > MAX_TREE_ROWS or (depth - 1) * self.top_k > MAX_TREE_ROWS:
+        if self.max_nodes > MAX_TREE_ROWS or self.head_rows(depth) > MAX_TREE_ROWS:
             raise ValueError(f"speculative_config.tree: at most {MAX_TREE_ROWS} verified nodes and draft-head rows "
-                             f"a request (max_nodes {self.max_nodes}, head rows {(depth - 1) * self.top_k})")
+                             f"a request (max_nodes {self.max_nodes}, head rows {self.head_rows(depth)})")
 
 
 @dataclass(frozen=True)

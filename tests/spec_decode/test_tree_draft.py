@@ -19,6 +19,11 @@ V = 261
 
 def test_shapes_are_validated() -> None:
     assert TreeShape(2, 3, 6).created == 2 + 2 * 4 and TreeShape(2, 3, 6).expansions == 4
+    # small trees expand fewer nodes where no more could be verified: the best min(top_k, max_nodes - d)
+    assert TreeShape(2, 3, 3).level_expansions == (2, 1) and TreeShape(2, 3, 3).created == 2 + 2 * 3
+    assert TreeShape(3, 4, 5).level_expansions == (3, 3, 2)
+    with pytest.raises(ValueError, match="at least the depth"):
+        TreeShape(2, 3, 2)
     with pytest.raises(ValueError, match="max_nodes"):
         TreeShape(1, 3, 4)
     with pytest.raises(ValueError, match="top_k"):
@@ -43,15 +48,19 @@ def _synthetic(vocab: int, seed: int):  # type: ignore[no-untyped-def]
     return log_probs, step, calls
 
 
-@pytest.mark.parametrize("shape", [TreeShape(1, 4, 4), TreeShape(2, 3, 6), TreeShape(3, 4, 12), TreeShape(4, 2, 20)])
+SHAPES = [TreeShape(1, 4, 4), TreeShape(2, 3, 6), TreeShape(3, 4, 12), TreeShape(4, 2, 20), TreeShape(2, 3, 3),
+          TreeShape(3, 4, 5)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_trees_are_topological_ancestor_closed_and_best_first(shape: TreeShape) -> None:
     log_probs, step, calls = _synthetic(11, seed=shape.top_k)
     h_root = torch.tensor([[3.0], [50.0], [8.0]])
     tree = expand_tree(h_root, log_probs, lambda i: i, step, shape)
     assert tree.tokens.shape == tree.parents.shape == (3, shape.max_nodes)
-    assert len(calls) == shape.depth - 1
+    assert [len(slots) for slots, _ in calls] == list(shape.level_expansions)
     for slots, anc in calls:  # each row sees its own slot and only earlier ones
-        assert anc[:, torch.arange(shape.top_k), slots].all()
+        assert anc[:, torch.arange(len(slots)), slots].all()
         assert not anc[:, :, int(slots.max()) + 1 :].any()
     for b in range(3):
         parents, depths = tree.parents[b].tolist(), tree.depths[b].tolist()
@@ -65,6 +74,48 @@ def test_trees_are_topological_ancestor_closed_and_best_first(shape: TreeShape) 
             tok = log_probs(h).argmax(-1)
             assert torch.equal(tree.tokens[:, j], tok)
             h = (h * 31 + tok.unsqueeze(1) + 7) % 9973
+
+
+def _path_scores(tree: DraftTree, b: int, h0: float, log_probs) -> list[float]:  # type: ignore[no-untyped-def]
+    """The synthetic head's cumulative log-probability of each verified node's path (request ``b``)."""
+    h = {0: torch.tensor([[h0]])}
+    score = {0: 0.0}
+    for n, (tok, par) in enumerate(zip(tree.tokens[b].tolist(), tree.parents[b].tolist()), start=1):
+        score[n] = score[par] + float(log_probs(h[par])[0, tok])
+        h[n] = (h[par] * 31 + tok + 7) % 9973
+    return [score[n] for n in range(1, len(score))]
+
+
+def _full_expansion(h0: float, log_probs, top_k: int, depth: int, max_nodes: int) -> list[float]:  # type: ignore[no-untyped-def]
+    """EAGLE-2's tree expanding ``top_k`` nodes on every level, by brute force: its verified nodes' scores."""
+    level = [(0.0, torch.tensor([[h0]]))]
+    nodes: list[tuple[float, int]] = []  # (score, depth)
+    for d in range(1, depth + 1):
+        children = []
+        for sc, h in sorted(level, key=lambda n: -n[0])[: top_k if d > 1 else 1]:
+            lp = log_probs(h)[0]
+            for tok in lp.topk(top_k).indices.tolist():
+                children.append((sc + float(lp[tok]), (h * 31 + tok + 7) % 9973))
+        nodes += [(sc, d) for sc, _ in children]
+        level = children
+    return [sc for sc, _ in sorted(nodes, key=lambda n: -(n[0] - 1e-4 * n[1]))[:max_nodes]]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fewer_expansions_never_verify_a_worse_tree(shape: TreeShape) -> None:
+    """Against the tree that expands ``top_k`` nodes on every level: where nothing is pruned the same verified
+    scores; where fewer nodes are expanded, verified scores at least as high, rank by rank."""
+    for seed in range(4):
+        log_probs, step, _ = _synthetic(11, seed=seed)
+        roots = [3.0, 50.0, 8.0, 977.0]
+        tree = expand_tree(torch.tensor([[r] for r in roots]), log_probs, lambda i: i, step, shape)
+        for b, h0 in enumerate(roots):
+            mine = sorted(_path_scores(tree, b, h0, log_probs), reverse=True)
+            full = sorted(_full_expansion(h0, log_probs, shape.top_k, shape.depth, shape.max_nodes), reverse=True)
+            if shape.expansions == (shape.depth - 1) * shape.top_k:
+                assert mine == pytest.approx(full, abs=1e-5)
+            else:
+                assert all(m >= f - 1e-5 for m, f in zip(mine, full)), (mine, full)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +145,7 @@ def test_tree_speculation_emits_exactly_the_greedy_tokens(setup: dict[str, Any],
         engine = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
         plain = generate(model, proposer, prompt, 40, None).tokens
         assert plain == list(engine)
-        for shape in (TreeShape(1, 3, 3), TreeShape(2, 3, 6), TreeShape(3, 4, 10)):
+        for shape in (TreeShape(1, 3, 3), TreeShape(2, 3, 3), TreeShape(2, 3, 6), TreeShape(3, 4, 10)):
             run = generate(model, proposer, prompt, 40, shape)
             assert run.tokens == plain, (method, text, shape)
             assert all(1 <= n <= shape.depth + 1 for n in run.accepted_lengths)

@@ -326,7 +326,7 @@ def build_engine(config: EngineConfig, tracer: Tracer = NULL_TRACER) -> Engine:
         lookahead = k
     tree = config.speculative.tree if config.speculative is not None else None
     if tree is not None:  # a verify's nodes, and the head's rows of the next tree, past the counted tokens
-        lookahead = max(k, tree.max_nodes, (k - 1) * tree.top_k)
+        lookahead = max(k, tree.max_nodes, tree.head_rows(k))
     scheduler_cls = AsyncScheduler if plan.decision.resolved else Scheduler
     scheduler = scheduler_cls(
         max_num_seqs=config.scheduler.max_num_seqs,

@@ -3,9 +3,10 @@
 Shape (:class:`TreeShape`): ``top_k`` children per expanded node, ``depth`` levels, ``max_nodes`` verified.
 
 - Level 1: the head's distribution after the last accepted token gives the root's ``top_k`` children.
-- Level d > 1: the ``top_k`` nodes of level d - 1 with the highest *score* — the draft's cumulative
-  log-probability of the node's path — are expanded: the head runs one row per expanded node (its token, the
-  feature of its parent's row) and the node's ``top_k`` most probable tokens become its children.
+- Level d > 1: the nodes of level d - 1 with the highest *score* — the draft's cumulative log-probability of
+  the node's path — are expanded, ``top_k`` of them or fewer where no more could be verified
+  (``speculative_config.tree_expansions``): the head runs one row per expanded node (its token, the feature
+  of its parent's row) and the node's ``top_k`` most probable tokens become its children.
 - Of every node created, the ``max_nodes`` with the highest scores are verified. A path's score only falls as it
   grows, so a kept node's ancestors are kept too (ties go to the shallower node); the kept nodes are numbered
   topologically — by depth, then by creation — and each names its parent's number (0: the root).
@@ -13,7 +14,7 @@ Shape (:class:`TreeShape`): ``top_k`` children per expanded node, ``depth`` leve
 A chain of k drafts is the tree with ``top_k = 1``, ``depth = k``, ``max_nodes = k``.
 
 The head rows of a level attend to the head's KV of the context and of the node's expanded ancestors, which
-earlier levels wrote: expansion slot ``s`` (levels in order, ``top_k`` slots a level) is written at key index
+earlier levels wrote: expansion slot ``s`` (levels in order, one slot an expanded node) is written at key index
 ``base + s`` of the request's sequence, and the row's ancestors are a set of earlier slots (``HeadStep`` gets
 them as a bool mask over slots and turns them into the attention's tree mask). Every tensor op is batched over
 requests and nothing is read back to the host, so the tree for step N+1 can be drafted while the host
@@ -30,6 +31,7 @@ import torch
 
 from tandem.model.attention.base import slots_for_positions
 from tandem.model.forward_batch import ForwardBatch
+from tandem.speculative_config import tree_expansions
 
 if TYPE_CHECKING:
     from tandem.spec_decode.eagle import DraftHeadProposer
@@ -51,22 +53,29 @@ class TreeShape:
         for name in ("top_k", "depth", "max_nodes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"tree.{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.max_nodes > self.created:
+        if self.max_nodes > self.top_k * (1 + (self.depth - 1) * self.top_k):
             raise ValueError(f"tree.max_nodes {self.max_nodes}: a tree of top_k {self.top_k} and depth "
-                             f"{self.depth} creates only {self.created} nodes")
+                             f"{self.depth} creates only {self.top_k * (1 + (self.depth - 1) * self.top_k)} nodes")
+        if self.max_nodes < self.depth:
+            raise ValueError(f"tree.max_nodes {self.max_nodes} must be at least the depth {self.depth}")
         if self.max_nodes > 63 or self.expansions > 63:
             raise ValueError(f"tree: at most 63 verified nodes and 63 head rows a request (max_nodes "
                              f"{self.max_nodes}, head rows {self.expansions})")
 
     @property
+    def level_expansions(self) -> tuple[int, ...]:
+        """Nodes expanded at levels 1 .. depth - 1 (``speculative_config.tree_expansions``)."""
+        return tree_expansions(self.top_k, self.depth, self.max_nodes)
+
+    @property
     def created(self) -> int:
-        """Nodes created per request: ``top_k`` on level 1, ``top_k * top_k`` on each later one."""
-        return self.top_k + (self.depth - 1) * self.top_k * self.top_k
+        """Nodes created per request: ``top_k`` on level 1, ``top_k`` children of each expanded node."""
+        return self.top_k * (1 + sum(self.level_expansions))
 
     @property
     def expansions(self) -> int:
-        """Head rows per request (``top_k`` on each level after the first)."""
-        return (self.depth - 1) * self.top_k
+        """Head rows per request."""
+        return sum(self.level_expansions)
 
 
 class DraftTree(NamedTuple):
@@ -92,28 +101,28 @@ def expand_tree(h_root: torch.Tensor, log_probs: LogProbs, to_target: Callable[[
 
     v, i = log_probs(h_root).topk(k, dim=-1)
     tok[:, :k], score[:, :k], depth[:, :k] = to_target(i), v.float(), 1
-    level_start, created = 0, k
-    for level in range(2, shape.depth + 1):
+    level_start, created, slot_start = 0, k, 0
+    for level, e in enumerate(shape.level_expansions, start=2):
         prev = torch.arange(level_start, created, device=device)
-        x = prev[score[:, level_start:created].topk(k, dim=-1).indices]  # [B, k] nodes to expand
-        slots = torch.arange((level - 2) * k, (level - 1) * k, device=device)  # [k]
+        x = prev[score[:, level_start:created].topk(e, dim=-1).indices]  # [B, e] nodes to expand
+        slots = torch.arange(slot_start, slot_start + e, device=device)  # [e]
         px = parent.gather(1, x)
         from_slot = slot_of.gather(1, px.clamp(min=0))  # the parent's head row (a level-1 node's: the root's)
         feats = torch.where((px < 0).unsqueeze(2), h_root.unsqueeze(1),
                             h_slot.gather(1, from_slot.clamp(min=0).unsqueeze(2).expand(-1, -1, h_root.shape[1])))
         rows_anc = anc.gather(1, x.unsqueeze(2).expand(-1, -1, anc.shape[2])).clone()
-        rows_anc[:, torch.arange(k, device=device), slots] = True  # each row sees its own key
-        h = head_step(tok.gather(1, x), feats, depth.gather(1, x), slots, rows_anc)  # [B, k, H]
+        rows_anc[:, torch.arange(e, device=device), slots] = True  # each row sees its own key
+        h = head_step(tok.gather(1, x), feats, depth.gather(1, x), slots, rows_anc)  # [B, e, H]
         h_slot[:, slots] = h
         slot_of.scatter_(1, x, slots.unsqueeze(0).expand(batch, -1))
-        lv, li = log_probs(h.reshape(batch * k, -1)).topk(k, dim=-1)  # [B * k, k]
-        new = slice(created, created + k * k)
-        tok[:, new] = to_target(li).view(batch, k * k)
-        score[:, new] = (score.gather(1, x).unsqueeze(2) + lv.float().view(batch, k, k)).view(batch, k * k)
+        lv, li = log_probs(h.reshape(batch * e, -1)).topk(k, dim=-1)  # [B * e, k]
+        new = slice(created, created + e * k)
+        tok[:, new] = to_target(li).view(batch, e * k)
+        score[:, new] = (score.gather(1, x).unsqueeze(2) + lv.float().view(batch, e, k)).view(batch, e * k)
         parent[:, new] = x.repeat_interleave(k, dim=1)
         depth[:, new] = level
         anc[:, new] = rows_anc.repeat_interleave(k, dim=1)
-        level_start, created = created, created + k * k
+        level_start, created, slot_start = created, created + e * k, slot_start + e
     # The verified nodes: best scores (ties to the shallower), numbered by depth then creation.
     rank = score - 1e-4 * depth.float()
     keep = rank.topk(shape.max_nodes, dim=-1).indices
