@@ -9,16 +9,10 @@ import pytest
 import torch
 
 from tandem import native
-from tandem.model.forward_batch import KVCache
+from tandem.model.forward_batch import KVCache, move_rows_reference
 from tandem.native.kv_rows import KVRowsKernel
 
 needs_cc = pytest.mark.skipif(native._compiler() is None and shutil.which("gcc") is None, reason="no C compiler")
-
-
-def _torch_move(tensors: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
-    for t in tensors:
-        rows = t.view(-1, *t.shape[2:])
-        rows.index_copy_(0, dst, rows.index_select(0, src))
 
 
 def _caches(dtype: torch.dtype, n: int = 6) -> list[torch.Tensor]:
@@ -42,7 +36,7 @@ def test_native_rows_equal_the_torch_loop(isa: str, dtype: torch.dtype, pairs: t
     src, dst = (torch.tensor(p, dtype=torch.int64) for p in pairs)
     mine, ref = _caches(dtype), _caches(dtype)
     kernel(mine, src, dst)
-    _torch_move(ref, src, dst)
+    move_rows_reference(ref, src, dst)
     for a, b in zip(mine, ref):
         assert torch.equal(a, b)
     if pairs[0] != pairs[1]:
@@ -61,7 +55,7 @@ def test_the_kv_cache_moves_shared_tensors_once() -> None:
     ref = [t.clone() for t in cache._distinct_tensors]
     src, dst = torch.tensor([6, 7]), torch.tensor([5, 6])
     cache.move_rows(src, dst)
-    _torch_move(ref, src, dst)
+    move_rows_reference(ref, src, dst)
     assert len(cache._distinct_tensors) == 4
     for a, b in zip(cache._distinct_tensors, ref):
         assert torch.equal(a, b)

@@ -98,6 +98,15 @@ class ForwardBatch:
                     raise ValueError(f"request {i}: slot {slots[t]} at row {t}, expected {want}")
 
 
+def move_rows_reference(tensors: list[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+    """Rows ``src_slots`` of each ``[blocks, block_size, ...]`` tensor to rows ``dst_slots`` (flat slots), every
+    source read before any destination is written: ``KVCache.move_rows``' torch path and its native kernel's
+    reference."""
+    for t in tensors:
+        rows = t.view(-1, *t.shape[2:])
+        rows.index_copy_(0, dst_slots, rows.index_select(0, src_slots))
+
+
 @dataclass
 class KVCache:
     """Per-layer K and V tensors of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``.
@@ -139,14 +148,12 @@ class KVCache:
         destinations): a tree step's accepted branch, written at its nodes' slots, moved to the sequence's
         next positions. All sources are read before any destination is written, so the two may overlap. On
         the CPU with native kernels one C call moves every tensor's rows (``native/kv_rows.c``); the torch
-        loop below is its reference."""
+        reference is :func:`move_rows_reference`."""
         tensors = self._distinct_tensors
         if self._rows_kernel is not None:
             self._rows_kernel(tensors, src_slots, dst_slots)
-            return
-        for t in tensors:
-            rows = t.view(-1, *t.shape[2:])
-            rows.index_copy_(0, dst_slots, rows.index_select(0, src_slots))
+        else:
+            move_rows_reference(tensors, src_slots, dst_slots)
 
     @cached_property
     def _distinct_tensors(self) -> list[torch.Tensor]:

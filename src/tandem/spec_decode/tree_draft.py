@@ -53,9 +53,10 @@ class TreeShape:
         for name in ("top_k", "depth", "max_nodes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"tree.{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.max_nodes > self.top_k * (1 + (self.depth - 1) * self.top_k):
+        full = self.top_k * (1 + (self.depth - 1) * self.top_k)  # nodes created expanding top_k a level
+        if self.max_nodes > full:
             raise ValueError(f"tree.max_nodes {self.max_nodes}: a tree of top_k {self.top_k} and depth "
-                             f"{self.depth} creates only {self.top_k * (1 + (self.depth - 1) * self.top_k)} nodes")
+                             f"{self.depth} creates only {full} nodes")
         if self.max_nodes < self.depth:
             raise ValueError(f"tree.max_nodes {self.max_nodes} must be at least the depth {self.depth}")
         if self.max_nodes > 63 or self.expansions > 63:
