@@ -74,3 +74,31 @@ def test_bad_slots_are_refused_and_nothing_is_written() -> None:
         kernel([caches[0], caches[1].transpose(0, 1)], torch.tensor([1]), torch.tensor([2]))
     for a, b in zip(caches, before):
         assert torch.equal(a, b)
+
+
+@needs_cc
+@pytest.mark.parametrize("isa", native.runnable_isas())
+def test_branch_moves_equal_the_torch_path(isa: str) -> None:
+    """``KVCache.move_branches``: the one native call (slots through the block tables, then the move) against
+    its torch path, for branches off the first child, past the accepted count (-1), across a block boundary
+    and through permuted block tables."""
+    lib = native.load("kv_rows", isa)
+    assert lib is not None
+    tables = torch.tensor([[3, 1, 4, 0], [2, 0, 1, 3], [4, 2, 0, 1]])  # 5 blocks of 4 slots
+    rows = torch.tensor([2, 0])  # the requests' rows of the tables
+    root = torch.tensor([2, 6])  # their roots' keys
+    nodes = torch.tensor([[2, 5, -1], [1, 3, 6]])  # accepted node numbers, -1 padded
+    mine, ref = (KVCache(k=_caches(torch.float32, 2), v=_caches(torch.float32, 2)) for _ in range(2))
+    mine.__dict__["_rows_kernel"] = KVRowsKernel(lib)
+    ref.__dict__["_rows_kernel"] = None  # the torch path
+    mine.move_branches(tables, rows, root, nodes)
+    ref.move_branches(tables, rows, root, nodes)
+    before = KVCache(k=_caches(torch.float32, 2), v=_caches(torch.float32, 2))
+    for a, b, c in zip(mine.k + mine.v, ref.k + ref.v, before.k + before.v):
+        assert torch.equal(a, b)
+        flat, orig = a.view(-1, 3, 8), c.view(-1, 3, 8)
+        # request 0 (row 2 of the tables: blocks 4, 2, ...): key 3 (slot 4 * 4 + 3) takes key 4 (slot 2 * 4 + 0),
+        # key 4 takes key 7 (slot 2 * 4 + 3), key 5 stays; request 1: key 9 (block 4) takes key 12 (block 0)
+        assert torch.equal(flat[19], orig[8]) and torch.equal(flat[8], orig[11]) and torch.equal(flat[9], orig[9])
+        assert torch.equal(flat[17], orig[0])
+        assert not torch.equal(a, c)

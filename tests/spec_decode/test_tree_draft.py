@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tandem import LLM, SamplingParams
-from tandem.spec_decode.tree_draft import DraftTree, TreeShape, expand_tree
+from tandem.spec_decode.tree_draft import ANC_TOP, DraftTree, TreeShape, expand_tree
 from tandem.spec_decode.tree_reference import generate
 from tests.spec_decode.tiny_heads import add_mtp, tiny_target, write_eagle, write_eagle3
 
@@ -59,9 +59,9 @@ def test_trees_are_topological_ancestor_closed_and_best_first(shape: TreeShape) 
     tree = expand_tree(h_root, log_probs, lambda i: i, step, shape)
     assert tree.tokens.shape == tree.parents.shape == (3, shape.max_nodes)
     assert [len(slots) for slots, _ in calls] == list(shape.level_expansions)
-    for slots, anc in calls:  # each row sees its own slot and only earlier ones
-        assert anc[:, torch.arange(len(slots)), slots].all()
-        assert not anc[:, :, int(slots.max()) + 1 :].any()
+    for slots, anc in calls:  # each row sees its own slot and only earlier ones (slot s: bit ANC_TOP - s)
+        assert ((anc >> (ANC_TOP - slots)) & 1).bool().all()
+        assert not (anc & ((1 << (ANC_TOP - int(slots.max()))) - 1)).any()
     for b in range(3):
         parents, depths = tree.parents[b].tolist(), tree.depths[b].tolist()
         for n, (par, d) in enumerate(zip(parents, depths), start=1):

@@ -155,6 +155,23 @@ class KVCache:
         else:
             move_rows_reference(tensors, src_slots, dst_slots)
 
+    def move_branches(self, tables: torch.Tensor, rows: torch.Tensor, root: torch.Tensor, nodes: torch.Tensor) -> None:
+        """Tree steps' accepted branches into place: request b's accepted nodes ``nodes[b]`` (``[B, D]`` node
+        numbers, -1 padded), whose rows were written at keys ``root[b] + node`` through row ``rows[b]`` of the
+        block tables ``tables``, to keys ``root[b] + 1 + i`` (a pair past the accepted count copies a row onto
+        itself). On the CPU with native kernels one C call computes the slots and moves the rows; else the
+        slots in torch and :meth:`move_rows`."""
+        if self._rows_kernel is not None and tables.device.type == "cpu":
+            self._rows_kernel.move_branches(self._distinct_tensors, tables, rows, root, nodes)
+            return
+        # (a local import: the attention modules import this one)
+        from tandem.model.attention.base import slots_for_positions
+
+        dst = root.unsqueeze(1) + torch.arange(1, nodes.shape[1] + 1, device=nodes.device)
+        src = torch.where(nodes >= 0, root.unsqueeze(1) + nodes, dst)
+        t, bs = tables.index_select(0, rows), self.block_size
+        self.move_rows(slots_for_positions(t, src, bs).reshape(-1), slots_for_positions(t, dst, bs).reshape(-1))
+
     @cached_property
     def _distinct_tensors(self) -> list[torch.Tensor]:
         """Every K and V tensor once (layers of one KV cache group share a tensor)."""

@@ -11,7 +11,7 @@ import torch
 
 from tandem import native
 
-_ABI = 1
+_ABI = 2
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -23,6 +23,9 @@ class KVRowsKernel:
         self._fn = lib.tandem_kv_move_rows
         self._fn.argtypes = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64]
         self._fn.restype = ctypes.c_int
+        self._branches = lib.tandem_kv_move_branches
+        self._branches.argtypes = [_ptr, _i64, _i64, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64]
+        self._branches.restype = ctypes.c_int
 
     @staticmethod
     def takes(tensors: Sequence[torch.Tensor]) -> bool:
@@ -45,6 +48,32 @@ class KVRowsKernel:
         row_bytes = first[0, 0].numel() * first.element_size()
         bases = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
         rc = self._fn(bases, len(tensors), n_rows, row_bytes, src.data_ptr(), dst.data_ptr(), src.numel())
+        self._raise(rc, n_rows)
+
+    def move_branches(self, tensors: Sequence[torch.Tensor], tables: torch.Tensor, rows: torch.Tensor,
+                      root: torch.Tensor, nodes: torch.Tensor) -> None:
+        """Tree branches (``KVCache.move_branches``): request b's accepted nodes ``nodes[b]`` (``[B, D]``, -1
+        padded), at keys ``root[b] + node`` through row ``rows[b]`` of the block tables ``tables``, to keys
+        ``root[b] + 1 ..``; one call for the slots and the move. (A row outside the tables is clamped into them, a
+        slot outside the cache refused with nothing written.)"""
+        if not self.takes(tensors):
+            raise ValueError("kv rows kernel: contiguous CPU tensors of one shape and dtype")
+        batch = nodes.shape[0]
+        if (nodes.dim() != 2 or tuple(rows.shape) != (batch,) or tuple(root.shape) != (batch,) or tables.dim() != 2
+                or any(t.dtype != torch.int64 or t.device.type != "cpu" for t in (tables, rows, root, nodes))):
+            raise ValueError(f"kv rows kernel: branches of {tuple(nodes.shape)} nodes need int64 CPU rows and roots "
+                             f"[{batch}] and tables [*, W]")
+        tables, rows, root, nodes = (t.contiguous() for t in (tables, rows, root, nodes))
+        first = tensors[0]
+        n_rows = first.shape[0] * first.shape[1]
+        row_bytes = first[0, 0].numel() * first.element_size()
+        bases = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+        rc = self._branches(bases, len(tensors), n_rows, row_bytes, first.shape[1], tables.data_ptr(),
+                            tables.shape[0], tables.shape[1], rows.data_ptr(), root.data_ptr(), nodes.data_ptr(), batch, nodes.shape[1])
+        self._raise(rc, n_rows)
+
+    @staticmethod
+    def _raise(rc: int, n_rows: int) -> None:
         if rc == -1:
             raise ValueError(f"kv rows kernel: a slot outside 0 .. {n_rows - 1}")
         if rc != 0:

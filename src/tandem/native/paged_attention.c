@@ -112,16 +112,18 @@ static void softmax_rows(const Problem *pb, Task *t, int64_t nq) {
             continue;
         }
         /* keys up to the query's own (chunk-relative; it may lie past this chunk): of its last 64, those its
-         * bits set; every one before. A row sees one key a position, so at most KEY_CHUNK here. */
+         * bits set; every one before — those stay where they are (keys lo .. first), only the last 64 are
+         * packed behind them. A row sees one key a position, so at most KEY_CHUNK here. */
         const uint64_t bits = (uint64_t)t->tree[i / pb->group];
         const int64_t own = t->vis0 + i / pb->group;
+        const int64_t first = clamp64(own - 63, lo, visible);
         int64_t keep[KEY_CHUNK], n = 0;
         float w[KEY_CHUNK];
-        for (int64_t pos = lo; pos < visible && n < KEY_CHUNK; pos++)
-            if (own - pos >= 64 || ((bits >> (own - pos)) & 1)) keep[n] = pos, pi[lo + n++] = pi[pos];
-        softmax_row(pi, lo, lo + n, t->len16, t->mx + i, t->sum + i);
-        memcpy(w, pi + lo, (size_t)n * sizeof(float));
-        for (int64_t pos = lo; pos < lo + n; pos++) pi[pos] = 0.0f;
+        for (int64_t pos = first; pos < visible && first - lo + n < KEY_CHUNK; pos++)
+            if ((bits >> (own - pos)) & 1) keep[n] = pos, pi[first + n++] = pi[pos];
+        softmax_row(pi, lo, first + n, t->len16, t->mx + i, t->sum + i);
+        memcpy(w, pi + first, (size_t)n * sizeof(float));
+        for (int64_t pos = first; pos < first + n; pos++) pi[pos] = 0.0f;
         for (int64_t k = 0; k < n; k++) pi[keep[k]] = w[k];
     }
 }

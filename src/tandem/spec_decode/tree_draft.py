@@ -31,16 +31,21 @@ import torch
 
 from tandem.model.attention.base import slots_for_positions
 from tandem.model.forward_batch import ForwardBatch
+from tandem.native.tree_expand import TreeExpandKernel, TreeState, tree_expand_kernel
 from tandem.speculative_config import tree_expansions
 
 if TYPE_CHECKING:
     from tandem.spec_decode.eagle import DraftHeadProposer
 
 # (tokens [B, E], features [B, E, H], depths [B, E] of the expanded nodes, slots [E] of their rows,
-#  ancestors [B, E, S] bool over expansion slots, the row's own slot included) -> head outputs [B, E, H]
+#  ancestors [B, E] int64: bit ANC_TOP - s for each expansion slot s the row sees, its own included)
+#  -> head outputs [B, E, H]
 HeadStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # head outputs [M, H] -> draft-vocabulary log-probabilities [M, Vd]
 LogProbs = Callable[[torch.Tensor], torch.Tensor]
+# A node's expanded ancestors are int64 bits, slot s at bit ANC_TOP - s (at most 63 slots): shifted right by
+# ANC_TOP - s, a row at slot s has its ancestor a at bit s - a, the tree mask's bit for the key s - a back.
+ANC_TOP = 62
 
 
 @dataclass(frozen=True)
@@ -89,14 +94,15 @@ def expand_tree(h_root: torch.Tensor, log_probs: LogProbs, to_target: Callable[[
                 head_step: HeadStep, shape: TreeShape) -> DraftTree:
     """The draft tree of every request: ``h_root`` ``[B, H]`` the head's output at each request's last
     accepted row; ``log_probs`` the head's draft-vocabulary log-probabilities of head outputs;
-    ``to_target`` draft ids -> target ids; ``head_step`` one level's head rows (see :data:`HeadStep`)."""
+    ``to_target`` draft ids -> target ids; ``head_step`` one level's head rows (see :data:`HeadStep`).
+    The reference, and the path off the CPU; :func:`expand_tree_native` is the same tree in a few calls."""
     batch, device = h_root.shape[0], h_root.device
     k, c_all, s_all = shape.top_k, shape.created, shape.expansions
     tok = torch.full((batch, c_all), -1, dtype=torch.int64, device=device)
     score = torch.full((batch, c_all), float("-inf"), device=device)
     parent = torch.full((batch, c_all), -1, dtype=torch.int64, device=device)  # creation index; -1: the root
     depth = torch.zeros(batch, c_all, dtype=torch.int64, device=device)
-    anc = torch.zeros(batch, c_all, max(s_all, 1), dtype=torch.bool, device=device)  # expanded ancestors' slots
+    anc = torch.zeros(batch, c_all, dtype=torch.int64, device=device)  # expanded ancestors' slots (ANC_TOP - s)
     slot_of = torch.full((batch, c_all), -1, dtype=torch.int64, device=device)  # a node's expansion slot
     h_slot = torch.zeros(batch, max(s_all, 1), h_root.shape[1], dtype=h_root.dtype, device=device)
 
@@ -111,8 +117,7 @@ def expand_tree(h_root: torch.Tensor, log_probs: LogProbs, to_target: Callable[[
         from_slot = slot_of.gather(1, px.clamp(min=0))  # the parent's head row (a level-1 node's: the root's)
         feats = torch.where((px < 0).unsqueeze(2), h_root.unsqueeze(1),
                             h_slot.gather(1, from_slot.clamp(min=0).unsqueeze(2).expand(-1, -1, h_root.shape[1])))
-        rows_anc = anc.gather(1, x.unsqueeze(2).expand(-1, -1, anc.shape[2])).clone()
-        rows_anc[:, torch.arange(e, device=device), slots] = True  # each row sees its own key
+        rows_anc = anc.gather(1, x) | torch.bitwise_left_shift(torch.ones_like(slots), ANC_TOP - slots)  # + its own
         h = head_step(tok.gather(1, x), feats, depth.gather(1, x), slots, rows_anc)  # [B, e, H]
         h_slot[:, slots] = h
         slot_of.scatter_(1, x, slots.unsqueeze(0).expand(batch, -1))
@@ -135,6 +140,31 @@ def expand_tree(h_root: torch.Tensor, log_probs: LogProbs, to_target: Callable[[
     return DraftTree(tok.gather(1, keep), parents, depth.gather(1, keep))
 
 
+def expand_tree_native(h_root: torch.Tensor, log_probs: LogProbs, draft_map: torch.Tensor | None,
+                       head_step: HeadStep, shape: TreeShape, kernel: TreeExpandKernel) -> DraftTree:
+    """:func:`expand_tree` on CPU tensors with the bookkeeping in ``kernel`` (``native/tree_expand.c``): a
+    level is one call choosing its nodes, the head's rows and its top-k, one call recording the children; the
+    verified nodes one call. ``draft_map``: the target id of each draft id (None: the identity)."""
+    batch, hidden = h_root.shape
+    k = shape.top_k
+    st = TreeState(batch, shape.created, max(shape.expansions, 1))
+    h_all = h_root.new_empty(batch, 1 + st.slots, hidden)  # row 0: the root's head output; 1 + s: slot s's
+    h_all[:, 0] = h_root
+    table = h_all.view(batch * (1 + st.slots), hidden)
+    v, i = log_probs(h_root).topk(k, dim=-1)
+    kernel.record(st, 0, None, v.float(), i, draft_map, 1, None)
+    level_start, created, slot_start = 0, k, 0
+    for level, e in enumerate(shape.level_expansions, start=2):
+        x, ids, depths, src, anc = kernel.select(st, level_start, created, e, slot_start)
+        slots = torch.arange(slot_start, slot_start + e)
+        h = head_step(ids, table.index_select(0, src.view(-1)).view(batch, e, hidden), depths, slots, anc)
+        h_all[:, 1 + slot_start : 1 + slot_start + e] = h
+        lv, li = log_probs(h.reshape(batch * e, -1)).topk(k, dim=-1)
+        kernel.record(st, created, x, lv.float(), li, draft_map, level, anc)
+        level_start, created, slot_start = created, created + e * k, slot_start + e
+    return DraftTree(*kernel.finish(st, shape.max_nodes))
+
+
 class TreeDrafter:
     """A draft head's trees: :func:`expand_tree` over a :class:`DraftHeadProposer`'s head, KV and backend."""
 
@@ -146,6 +176,9 @@ class TreeDrafter:
         """The trees of requests whose last accepted rows' head outputs are ``h_root`` ``[B, H]``; the rest as
         :meth:`head_step` takes them."""
         step = self.head_step(tables, base, root_pos, upper, limit)
+        kernel = tree_expand_kernel() if h_root.device.type == "cpu" else None
+        if kernel is not None:
+            return expand_tree_native(h_root, self.log_probs, self.proposer.head.draft_map, step, self.shape, kernel)
         return expand_tree(h_root, self.log_probs, self.to_target, step, self.shape)
 
     def log_probs(self, h: torch.Tensor) -> torch.Tensor:
@@ -166,30 +199,47 @@ class TreeDrafter:
         ``limit``: keys at or past it (``max_model_len``: no block holds them) are written to the head cache's
         trash slot."""
         prop, bs, max_slots = self.proposer, self.proposer.block_size, self.shape.expansions
+        kernel = tree_expand_kernel() if tables.device.type == "cpu" else None
 
         def step(ids: torch.Tensor, feats: torch.Tensor, depths: torch.Tensor, slots: torch.Tensor,
                  anc: torch.Tensor) -> torch.Tensor:
             b, e = ids.shape
-            key = (base.unsqueeze(1) + slots).reshape(-1)  # each row's own key index
-            rows_tables = tables.repeat_interleave(e, dim=0)
-            slot_map = slots_for_positions(rows_tables, key.unsqueeze(1), bs).view(-1)
-            if limit is not None:
-                slot_map = torch.where(key < limit, slot_map, prop.trash_slot)
-            # tree mask: bit (s - a) for each ancestor slot a (itself included), every key before base
-            back = slots.view(1, e, 1) - torch.arange(anc.shape[2], device=anc.device).view(1, 1, -1)
-            bits = ((anc & (back >= 0)).long() << back.clamp(min=0)).sum(dim=-1)
-            bits |= torch.bitwise_left_shift(torch.full_like(slots, -1), slots + 1).view(1, e)
+            if kernel is not None:  # the same rows in one call
+                positions, slot_map, key1, bits, rows_tables = kernel.rows(
+                    tables, base, root_pos, depths, anc, int(slots[0]), bs, limit, prop.trash_slot)
+            else:
+                positions, slot_map, key1, bits, rows_tables = level_rows(
+                    tables, base, root_pos, depths, anc, slots, bs, limit, prop.trash_slot)
             cb = ForwardBatch(
                 input_ids=ids.reshape(-1),
-                positions=(root_pos.unsqueeze(1) + depths - 1).reshape(-1),
+                positions=positions,
                 slot_mapping=slot_map,
                 block_tables=rows_tables,
                 query_start_loc=list(range(b * e + 1)),
                 seq_lens=[u + max_slots for u in upper for _ in range(e)],
-                seq_lens_dev=key + 1,
-                tree_masks=bits.reshape(-1),
+                seq_lens_dev=key1,
+                tree_masks=bits,
             )
             metadata = prop.backend.build_metadata(cb, bs)
             return prop._head(cb.input_ids, feats.reshape(b * e, -1), cb.positions, metadata).view(b, e, -1)
 
         return step
+
+
+def level_rows(tables: torch.Tensor, base: torch.Tensor, root_pos: torch.Tensor, depths: torch.Tensor,
+               anc: torch.Tensor, slots: torch.Tensor, block_size: int, limit: int | None, trash: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A tree level's head rows for the attention (``TreeDrafter.head_step``, one attention request a row):
+    positions, cache slots, sequence lengths, tree masks ``[B * e]`` and block tables ``[B * e, W]``. The
+    reference of ``native/tree_expand.c``'s ``tandem_tree_rows``, and the path off the CPU."""
+    e = depths.shape[1]
+    key = (base.unsqueeze(1) + slots).reshape(-1)  # each row's own key index
+    rows_tables = tables.repeat_interleave(e, dim=0)
+    slot_map = slots_for_positions(rows_tables, key.unsqueeze(1), block_size).view(-1)
+    if limit is not None:
+        slot_map = torch.where(key < limit, slot_map, trash)
+    # tree mask: bit (s - a) for each ancestor slot a (itself included), every key before base
+    bits = torch.bitwise_right_shift(anc, ANC_TOP - slots) | torch.bitwise_left_shift(torch.full_like(slots, -1),
+                                                                                      slots + 1)
+    positions = (root_pos.unsqueeze(1) + depths - 1).reshape(-1)
+    return positions, slot_map, key + 1, bits.reshape(-1), rows_tables

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tandem.model.attention.base import slots_for_positions
 from tandem.sample.metadata import to_device
 from tandem.sample.rng import make_generator
 from tandem.sample.sampler import LogprobsTensors, compute_logprobs
@@ -108,12 +107,7 @@ def move_accepted(kv: KVCache, ib: InputBatch, plans: list[RequestPlan], base: t
     device = nodes.device
     slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=device)
     root = base + torch.tensor([p.num_known - 1 for p in plans], dtype=torch.int64, device=device)
-    step = torch.arange(1, nodes.shape[1] + 1, device=device)
-    dst = root.unsqueeze(1) + step
-    src = torch.where(nodes >= 0, root.unsqueeze(1) + nodes, dst)
-    tables = ib.block_table.index_select(0, slots)
-    bs = kv.block_size
-    kv.move_rows(slots_for_positions(tables, src, bs).reshape(-1), slots_for_positions(tables, dst, bs).reshape(-1))
+    kv.move_branches(ib.block_table, slots, root, nodes)
 
 
 class TreeSteps:
