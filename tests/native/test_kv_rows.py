@@ -72,6 +72,13 @@ def test_bad_slots_are_refused_and_nothing_is_written() -> None:
         kernel(caches, torch.tensor([1, 2]), torch.tensor([2]))
     with pytest.raises(ValueError, match="contiguous CPU tensors"):
         kernel([caches[0], caches[1].transpose(0, 1)], torch.tensor([1]), torch.tensor([2]))
+    bound = kernel.bind(caches)  # the same checks bound to the tensors
+    with pytest.raises(ValueError, match="outside 0 .. 19"):
+        bound(torch.tensor([1, 20]), torch.tensor([2, 3]))
+    with pytest.raises(ValueError, match="outside 0 .. 19"):  # key 99's block past the table: its last column
+        bound.move_branches(torch.tensor([[0, 9]]), torch.tensor([0]), torch.tensor([4]), torch.tensor([[95]]))
+    with pytest.raises(ValueError, match="contiguous CPU tensors"):
+        kernel.bind([caches[0], caches[1].transpose(0, 1)])
     for a, b in zip(caches, before):
         assert torch.equal(a, b)
 
@@ -89,7 +96,7 @@ def test_branch_moves_equal_the_torch_path(isa: str) -> None:
     root = torch.tensor([2, 6])  # their roots' keys
     nodes = torch.tensor([[2, 5, -1], [1, 3, 6]])  # accepted node numbers, -1 padded
     mine, ref = (KVCache(k=_caches(torch.float32, 2), v=_caches(torch.float32, 2)) for _ in range(2))
-    mine.__dict__["_rows_kernel"] = KVRowsKernel(lib)
+    mine.__dict__["_rows_kernel"] = KVRowsKernel(lib).bind(mine._distinct_tensors)
     ref.__dict__["_rows_kernel"] = None  # the torch path
     mine.move_branches(tables, rows, root, nodes)
     ref.move_branches(tables, rows, root, nodes)

@@ -118,3 +118,23 @@ def test_native_head_rows_equal_the_reference(limit: int | None) -> None:
             assert torch.equal(a, b), (slot0, a, b)
     with pytest.raises(ValueError, match="tree rows"):
         KERNEL.rows(tables, base, root_pos, depths, anc, 62, 16, limit, 999)  # slots past 63
+
+
+def test_native_tree_masks_equal_the_reference() -> None:
+    """Every tree row's mask (worker/tree_step.py's tree_bits) in one call: trees of every test shape,
+    chains, and the padded columns store_trees adds (parent 0, a depth past every level)."""
+    from tandem.worker.tree_step import tree_bits
+
+    for shape in SHAPES:
+        lp, step, _ = _head(13, 1)
+        tree = expand_tree(torch.tensor([[3.0, 1.0, 2.0], [50.0, 4.0, 4.0]]), lp, lambda i: i, step, shape)
+        for parents, depths in ((tree.parents, tree.depths),
+                                (torch.cat([tree.parents, torch.zeros(2, 3, dtype=torch.int64)], 1),
+                                 torch.cat([tree.depths, torch.full((2, 3), shape.depth + 1)], 1)),
+                                (torch.cat([tree.parents, torch.zeros(2, 3, dtype=torch.int64)], 1),
+                                 torch.cat([tree.depths, torch.full((2, 3), shape.depth + 2)], 1))):
+            assert torch.equal(KERNEL.bits(parents, depths), tree_bits(parents, depths)), shape
+    chain = torch.arange(5).expand(3, -1), torch.arange(1, 6).expand(3, -1)
+    assert torch.equal(KERNEL.bits(*chain), tree_bits(*chain))
+    with pytest.raises(ValueError, match="tree bits"):
+        KERNEL.bits(torch.zeros(1, 64, dtype=torch.int64), torch.ones(1, 64, dtype=torch.int64))

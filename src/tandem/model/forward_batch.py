@@ -149,11 +149,10 @@ class KVCache:
         next positions. All sources are read before any destination is written, so the two may overlap. On
         the CPU with native kernels one C call moves every tensor's rows (``native/kv_rows.c``); the torch
         reference is :func:`move_rows_reference`."""
-        tensors = self._distinct_tensors
         if self._rows_kernel is not None:
-            self._rows_kernel(tensors, src_slots, dst_slots)
+            self._rows_kernel(src_slots, dst_slots)
         else:
-            move_rows_reference(tensors, src_slots, dst_slots)
+            move_rows_reference(self._distinct_tensors, src_slots, dst_slots)
 
     def move_branches(self, tables: torch.Tensor, rows: torch.Tensor, root: torch.Tensor, nodes: torch.Tensor) -> None:
         """Tree steps' accepted branches into place: request b's accepted nodes ``nodes[b]`` (``[B, D]`` node
@@ -162,7 +161,7 @@ class KVCache:
         itself). On the CPU with native kernels one C call computes the slots and moves the rows; else the
         slots in torch and :meth:`move_rows`."""
         if self._rows_kernel is not None and tables.device.type == "cpu":
-            self._rows_kernel.move_branches(self._distinct_tensors, tables, rows, root, nodes)
+            self._rows_kernel.move_branches(tables, rows, root, nodes)
             return
         # (a local import: the attention modules import this one)
         from tandem.model.attention.base import slots_for_positions
@@ -182,11 +181,11 @@ class KVCache:
 
     @cached_property
     def _rows_kernel(self) -> Any:
-        """The native row mover where it takes these tensors, else None (the torch loop)."""
+        """The native row mover bound to these tensors where it takes them, else None (the torch loop)."""
         from tandem.native.kv_rows import kv_rows_kernel
 
         kernel = kv_rows_kernel()
-        return kernel if kernel is not None and kernel.takes(self._distinct_tensors) else None
+        return kernel.bind(self._distinct_tensors) if kernel is not None and kernel.takes(self._distinct_tensors) else None
 
     @cached_property
     def num_blocks(self) -> int:

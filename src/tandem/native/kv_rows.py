@@ -50,27 +50,9 @@ class KVRowsKernel:
         rc = self._fn(bases, len(tensors), n_rows, row_bytes, src.data_ptr(), dst.data_ptr(), src.numel())
         self._raise(rc, n_rows)
 
-    def move_branches(self, tensors: Sequence[torch.Tensor], tables: torch.Tensor, rows: torch.Tensor,
-                      root: torch.Tensor, nodes: torch.Tensor) -> None:
-        """Tree branches (``KVCache.move_branches``): request b's accepted nodes ``nodes[b]`` (``[B, D]``, -1
-        padded), at keys ``root[b] + node`` through row ``rows[b]`` of the block tables ``tables``, to keys
-        ``root[b] + 1 ..``; one call for the slots and the move. (A row outside the tables is clamped into them, a
-        slot outside the cache refused with nothing written.)"""
-        if not self.takes(tensors):
-            raise ValueError("kv rows kernel: contiguous CPU tensors of one shape and dtype")
-        batch = nodes.shape[0]
-        if (nodes.dim() != 2 or tuple(rows.shape) != (batch,) or tuple(root.shape) != (batch,) or tables.dim() != 2
-                or any(t.dtype != torch.int64 or t.device.type != "cpu" for t in (tables, rows, root, nodes))):
-            raise ValueError(f"kv rows kernel: branches of {tuple(nodes.shape)} nodes need int64 CPU rows and roots "
-                             f"[{batch}] and tables [*, W]")
-        tables, rows, root, nodes = (t.contiguous() for t in (tables, rows, root, nodes))
-        first = tensors[0]
-        n_rows = first.shape[0] * first.shape[1]
-        row_bytes = first[0, 0].numel() * first.element_size()
-        bases = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
-        rc = self._branches(bases, len(tensors), n_rows, row_bytes, first.shape[1], tables.data_ptr(),
-                            tables.shape[0], tables.shape[1], rows.data_ptr(), root.data_ptr(), nodes.data_ptr(), batch, nodes.shape[1])
-        self._raise(rc, n_rows)
+    def bind(self, tensors: Sequence[torch.Tensor]) -> BoundRows:
+        """The kernel on these tensors for good (see :class:`BoundRows`)."""
+        return BoundRows(self, tensors)
 
     @staticmethod
     def _raise(rc: int, n_rows: int) -> None:
@@ -78,6 +60,43 @@ class KVRowsKernel:
             raise ValueError(f"kv rows kernel: a slot outside 0 .. {n_rows - 1}")
         if rc != 0:
             raise MemoryError("kv rows kernel: no scratch memory")
+
+
+class BoundRows:
+    """The kernel bound to one set of cache tensors (a ``KVCache``'s, fixed for its life): their checks and
+    addresses taken once, not on every tree step."""
+
+    def __init__(self, kernel: KVRowsKernel, tensors: Sequence[torch.Tensor]) -> None:
+        if not kernel.takes(tensors):
+            raise ValueError("kv rows kernel: contiguous CPU tensors of one shape and dtype")
+        first = tensors[0]
+        self.kernel, self.tensors = kernel, list(tensors)  # (kept alive: the addresses point into them)
+        self.n_rows = first.shape[0] * first.shape[1]
+        self.block_size = first.shape[1]
+        self.row_bytes = first[0, 0].numel() * first.element_size()
+        self.bases = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+
+    def move_branches(self, tables: torch.Tensor, rows: torch.Tensor, root: torch.Tensor, nodes: torch.Tensor) -> None:
+        """:meth:`KVRowsKernel.move_branches` on the bound tensors."""
+        batch = nodes.shape[0]
+        if (nodes.dim() != 2 or tuple(rows.shape) != (batch,) or tuple(root.shape) != (batch,) or tables.dim() != 2
+                or any(t.dtype != torch.int64 or t.device.type != "cpu" for t in (tables, rows, root, nodes))):
+            raise ValueError(f"kv rows kernel: branches of {tuple(nodes.shape)} nodes need int64 CPU rows and roots "
+                             f"[{batch}] and tables [*, W]")
+        tables, rows, root, nodes = (t.contiguous() for t in (tables, rows, root, nodes))
+        rc = self.kernel._branches(self.bases, len(self.tensors), self.n_rows, self.row_bytes, self.block_size,
+                                   tables.data_ptr(), tables.shape[0], tables.shape[1], rows.data_ptr(),
+                                   root.data_ptr(), nodes.data_ptr(), batch, nodes.shape[1])
+        self.kernel._raise(rc, self.n_rows)
+
+    def __call__(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """:meth:`KVRowsKernel.__call__` on the bound tensors."""
+        if src.shape != dst.shape or src.dim() != 1:
+            raise ValueError(f"kv rows kernel: src {tuple(src.shape)} and dst {tuple(dst.shape)} must be [n]")
+        src, dst = src.to(torch.int64).contiguous(), dst.to(torch.int64).contiguous()
+        rc = self.kernel._fn(self.bases, len(self.tensors), self.n_rows, self.row_bytes, src.data_ptr(),
+                             dst.data_ptr(), src.numel())
+        self.kernel._raise(rc, self.n_rows)
 
 
 def kv_rows_kernel() -> KVRowsKernel | None:

@@ -140,3 +140,26 @@ void tandem_tree_rows(int64_t B, int64_t e, int64_t slot0, const int64_t *tables
             for (int64_t w = 0; w < W; w++) out_tables[r * W + w] = tables[b * W + w];
         }
 }
+
+/* Every tree row's tree mask (worker/tree_step.py, tree_bits: the reference): bits [B, N + 1] from the
+ * nodes' parents and depths [B, N]; row 0 (the root) every bit, row j its parent p's shifted by j - p, and
+ * bit 0 (itself). Levels in order from 1, a level's rows from the masks the level before left, stopping at
+ * the first level past 1 that no request has; a row never reached keeps every bit. */
+void tandem_tree_bits(int64_t B, int64_t N, const int64_t *parents, const int64_t *depths, int64_t *bits) {
+    for (int64_t i = 0; i < B * (N + 1); i++) bits[i] = -1;
+    int64_t next[64];
+    for (int64_t level = 1; level <= N; level++) {
+        int any = 0;
+        for (int64_t i = 0; i < B * N && !any; i++) any = depths[i] == level;
+        if (level > 1 && !any) break;
+        for (int64_t b = 0; b < B; b++) {
+            int64_t *row = bits + b * (N + 1);
+            for (int64_t j = 1; j <= N; j++) {
+                const int64_t p = parents[b * N + j - 1], shift = j - p;
+                const uint64_t from = p < 0 || p > N || shift < 0 || shift > 63 ? 0 : (uint64_t)row[p] << shift;
+                next[j] = depths[b * N + j - 1] == level ? (int64_t)(from | 1) : row[j];
+            }
+            for (int64_t j = 1; j <= N; j++) row[j] = next[j];
+        }
+    }
+}

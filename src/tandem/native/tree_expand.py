@@ -54,6 +54,9 @@ class TreeExpandKernel:
         self._rows = lib.tandem_tree_rows
         self._rows.argtypes = [_i64] * 3 + [_ptr, _i64, _i64] + [_ptr] * 4 + [_i64] * 2 + [_ptr] * 5
         self._rows.restype = None
+        self._bits = lib.tandem_tree_bits
+        self._bits.argtypes = [_i64, _i64, _ptr, _ptr, _ptr]
+        self._bits.restype = None
 
     def select(self, st: TreeState, lo: int, hi: int, e: int, slot0: int
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -121,6 +124,19 @@ class TreeExpandKernel:
                    positions.data_ptr(), slot_map.data_ptr(), seq_lens.data_ptr(), bits.data_ptr(),
                    out_tables.data_ptr())
         return positions, slot_map, seq_lens, bits, out_tables
+
+
+    def bits(self, parents: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """Every tree row's tree mask ``[B, N + 1]`` from the nodes' ``parents`` and ``depths`` ``[B, N]``
+        (``worker/tree_step.py``'s ``tree_bits`` is the reference). At most 63 nodes."""
+        if (parents.shape != depths.shape or parents.dim() != 2 or parents.shape[1] > 63
+                or any(t.dtype != torch.int64 or t.device.type != "cpu" for t in (parents, depths))):
+            raise ValueError(f"tree bits: parents {tuple(parents.shape)} and depths {tuple(depths.shape)} must be "
+                             "int64 CPU [B, N <= 63]")
+        parents, depths = parents.contiguous(), depths.contiguous()
+        out = torch.empty(parents.shape[0], parents.shape[1] + 1, dtype=torch.int64)
+        self._bits(parents.shape[0], parents.shape[1], parents.data_ptr(), depths.data_ptr(), out.data_ptr())
+        return out
 
 
 @functools.cache

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tandem.native.tree_expand import tree_expand_kernel
 from tandem.sample.metadata import to_device
 from tandem.sample.rng import make_generator
 from tandem.sample.sampler import LogprobsTensors, compute_logprobs
@@ -68,7 +69,8 @@ def store_trees(ib: InputBatch, slots: torch.Tensor, tree: DraftTree) -> None:
     ib.drafts[slots, :width] = tokens
     ib.tree_parents[slots] = parents
     ib.tree_depths[slots] = depths
-    ib.tree_bits[slots] = tree_bits(parents, depths)
+    kernel = tree_expand_kernel() if parents.device.type == "cpu" and width <= 63 else None
+    ib.tree_bits[slots] = kernel.bits(parents, depths) if kernel is not None else tree_bits(parents, depths)
 
 
 def verify_trees(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata, plans: list[RequestPlan],
