@@ -177,7 +177,9 @@ class ModelRunner(Drafting):
                     if self.tree is not None and any(p.num_slots for p in sampling):
                         idx = [step.row_to_logit[r] for p in sampling for r in p.sample_rows]
                         meta = self._sampling_metadata(sampling, [[] for _ in sampling], [0] * len(sampling))
-                        verdict, lp = self.tree.verify(sampling, logits[idx], meta)
+                        contiguous = idx == list(range(idx[0], idx[0] + len(idx)))  # (the usual case: a view)
+                        rows = logits[idx[0] : idx[0] + len(idx)] if contiguous else logits[idx]
+                        verdict, lp = self.tree.verify(sampling, rows, meta)
                         sampled, num_valid, num_invalid = verdict.output_token_ids, [p.num_slots for p in sampling], []
                     else:
                         sampled, lp, num_valid, num_invalid = self._sample(step, sampling, logits)
