@@ -35,6 +35,7 @@ from tandem.engine.output_processor import FrontRequest, OutputProcessor
 from tandem.engine.prompts import Prompt
 from tandem.engine.requests import MadeRequest, RequestFactory
 from tandem.executor.base import ExecutorError
+from tandem.native.omp import release_idle_team
 from tandem.outputs import PromptLogprobs, SampleLogprobs
 from tandem.sampling_params import RequestOutputKind, SamplingParams
 from tandem.trace.tracer import NULL_TRACER, Tracer
@@ -239,6 +240,7 @@ class AsyncLLM:
                 if aborts:
                     self._abort(aborts)
                 if core.has_unfinished_requests() and self.dead is None:
+                    release_idle_team()  # an idle OpenMP team here would slow the worker's (native/omp.py)
                     self._step()
                 self._snapshot = collect_metrics(self.engine)
         except BaseException as exc:  # a bug in tandem: fail everyone rather than hang them

@@ -17,6 +17,7 @@ from tandem.engine.output_processor import FrontRequest, OutputProcessor
 from tandem.engine.prompts import Prompt, PromptInput, normalize_prompts
 from tandem.engine.requests import MadeRequest, RequestFactory
 from tandem.executor.base import ExecutorError
+from tandem.native.omp import release_idle_team
 from tandem.engine.vllm_compat import LLMEngineView, engine_view
 from tandem.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from tandem.sampling_params import POOLING_PARAMS, SamplingParams
@@ -215,6 +216,7 @@ class LLM:
 
     def _pump(self) -> list[FrontRequest]:
         """One engine step: apply its outputs, finish what stop strings ended."""
+        release_idle_team()  # this thread's idle OpenMP team would slow the worker's (native/omp.py)
         core = self._engine.core
         try:
             outs = core.step()
