@@ -184,8 +184,8 @@ class KVCache:
         """The native row mover bound to these tensors where it takes them, else None (the torch loop)."""
         from tandem.native.kv_rows import kv_rows_kernel
 
-        kernel = kv_rows_kernel()
-        return kernel.bind(self._distinct_tensors) if kernel is not None and kernel.takes(self._distinct_tensors) else None
+        kernel, tensors = kv_rows_kernel(), self._distinct_tensors
+        return kernel.bind(tensors) if kernel is not None and kernel.takes(tensors) else None
 
     @cached_property
     def num_blocks(self) -> int:

@@ -37,18 +37,7 @@ class KVRowsKernel:
     def __call__(self, tensors: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
         """Row ``src[i]`` to row ``dst[i]`` (flat slots, ``[n]`` int64, distinct destinations) in every tensor;
         all sources of a tensor are read before any destination is written."""
-        if not self.takes(tensors):
-            raise ValueError("kv rows kernel: contiguous CPU tensors of one shape and dtype")
-        if src.shape != dst.shape or src.dim() != 1:
-            raise ValueError(f"kv rows kernel: src {tuple(src.shape)} and dst {tuple(dst.shape)} must be [n]")
-        src = src.to(torch.int64).contiguous()
-        dst = dst.to(torch.int64).contiguous()
-        first = tensors[0]
-        n_rows = first.shape[0] * first.shape[1]
-        row_bytes = first[0, 0].numel() * first.element_size()
-        bases = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
-        rc = self._fn(bases, len(tensors), n_rows, row_bytes, src.data_ptr(), dst.data_ptr(), src.numel())
-        self._raise(rc, n_rows)
+        self.bind(tensors)(src, dst)
 
     def bind(self, tensors: Sequence[torch.Tensor]) -> BoundRows:
         """The kernel on these tensors for good (see :class:`BoundRows`)."""

@@ -30,7 +30,7 @@ class TreeState:
         i64 = {"dtype": torch.int64}
         self.batch, self.created, self.slots = batch, created, slots
         self.tok = torch.full((batch, created), -1, **i64)
-        self.score = torch.full((batch, created), float("-inf"))
+        self.score = torch.full((batch, created), float("-inf"), dtype=torch.float32)
         self.parent = torch.full((batch, created), -1, **i64)
         self.depth = torch.zeros(batch, created, **i64)
         self.anc = torch.zeros(batch, created, **i64)
@@ -79,8 +79,10 @@ class TreeExpandKernel:
         creation index ``created`` on."""
         e = 1 if x is None else x.shape[1]
         k = lv.shape[-1]
+        rows_ok = all(t is None or (t.dtype == torch.int64 and t.is_contiguous() and tuple(t.shape) == (st.batch, e))
+                      for t in (x, anc_rows))
         if (lv.dtype != torch.float32 or li.dtype != torch.int64 or tuple(lv.shape) != (st.batch * e, k)
-                or li.shape != lv.shape or created + e * k > st.created):
+                or li.shape != lv.shape or created + e * k > st.created or not rows_ok):
             raise ValueError(f"tree record: top-k {lv.dtype} {tuple(lv.shape)} / {li.dtype} {tuple(li.shape)} "
                              f"for {st.batch} x {e} nodes from {created} of {st.created}")
         if draft_map is not None and (draft_map.dtype != torch.int64 or not draft_map.is_contiguous()):
