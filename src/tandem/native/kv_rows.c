@@ -34,15 +34,14 @@ int tandem_kv_move_rows(void *const *bases, int64_t n_tensors, int64_t n_rows, i
 }
 
 /* A tree step's accepted branches: request b (row rows[b] of the block tables [n_tables, bt_stride], clamped
- * into them) accepted nodes
- * nodes[b][0 .. D) (-1 padded), written at keys root[b] + node; they move to keys root[b] + 1 + i. The
+ * into them) accepted nodes nodes[b][0 .. D) (-1 padded), written at keys root[b] + node; they move to keys
+ * root[b] + 1 + i. The
  * slots come through the block table (a block index past the table reads its last column, a pair past the
  * accepted count copies a row onto itself), then as tandem_kv_move_rows. Returns as that, -2 also when no
  * scratch memory. */
 int tandem_kv_move_branches(void *const *bases, int64_t n_tensors, int64_t n_rows, int64_t row_bytes,
                             int64_t block_size, const int64_t *tables, int64_t n_tables, int64_t bt_stride,
-                            const int64_t *rows,
-                            const int64_t *root, const int64_t *nodes, int64_t B, int64_t D) {
+                            const int64_t *rows, const int64_t *root, const int64_t *nodes, int64_t B, int64_t D) {
     int64_t *slots = malloc((size_t)(2 * B * D + 1) * sizeof(int64_t));
     if (!slots) return -2;
     int64_t *src = slots, *dst = slots + B * D;

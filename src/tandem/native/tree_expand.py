@@ -1,9 +1,10 @@
 """Python side of ``tree_expand.c``: a draft tree's bookkeeping between the head's levels, on CPU tensors, for
 :func:`tandem.spec_decode.tree_draft.expand_tree` (whose torch ops are the reference and the path elsewhere).
 
-:class:`TreeState` holds the tree being built (the reference's tensors); the kernel's three calls select a
-level's nodes, record their children and number the verified nodes. The C code trusts shapes and types:
-the state allocates every tensor itself, and the calls check what comes from outside (the head's top-k)."""
+:class:`TreeState` holds the tree being built (the reference's tensors); the kernel's calls select a level's
+nodes, compute their head rows for the attention, record their children, number the verified nodes and give
+the stored trees' masks. The C code trusts shapes and types: the state allocates every tensor itself, and the
+calls check what comes from outside (the head's top-k, the tables, the trees)."""
 
 from __future__ import annotations
 
@@ -89,8 +90,8 @@ class TreeExpandKernel:
             raise ValueError("tree record: the draft map must be contiguous int64")
         lv, li = lv.contiguous(), li.contiguous()
         self._record(st.batch, st.created, created, e, k, _p(x), lv.data_ptr(), li.data_ptr(), _p(draft_map),
-                     0 if draft_map is None else draft_map.numel(), level, _p(anc_rows), st.tok.data_ptr(), st.score.data_ptr(), st.parent.data_ptr(),
-                     st.depth.data_ptr(), st.anc.data_ptr())
+                     0 if draft_map is None else draft_map.numel(), level, _p(anc_rows), st.tok.data_ptr(),
+                     st.score.data_ptr(), st.parent.data_ptr(), st.depth.data_ptr(), st.anc.data_ptr())
 
     def finish(self, st: TreeState, max_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The verified nodes' tokens, parents' numbers and depths ``[B, max_nodes]``."""
@@ -103,7 +104,6 @@ class TreeExpandKernel:
         if rc != 0:
             raise MemoryError("tree finish: no scratch memory")
         return tok, par, dep
-
 
     def rows(self, tables: torch.Tensor, base: torch.Tensor, root_pos: torch.Tensor, depths: torch.Tensor,
              anc_rows: torch.Tensor, slot0: int, block_size: int, limit: int | None, trash: int
@@ -126,7 +126,6 @@ class TreeExpandKernel:
                    positions.data_ptr(), slot_map.data_ptr(), seq_lens.data_ptr(), bits.data_ptr(),
                    out_tables.data_ptr())
         return positions, slot_map, seq_lens, bits, out_tables
-
 
     def bits(self, parents: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
         """Every tree row's tree mask ``[B, N + 1]`` from the nodes' ``parents`` and ``depths`` ``[B, N]``
