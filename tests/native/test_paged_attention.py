@@ -208,6 +208,47 @@ def test_a_query_gives_the_same_bits_as_decode_verify_row_or_in_any_batch(dtype:
 
 
 @needs_cc
+@pytest.mark.parametrize("isa", native.runnable_isas())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_batch_of_many_chunks_gives_each_request_its_bits_alone(isa: str, dtype: torch.dtype) -> None:
+    """With chunks enough for every thread, a task takes all KV heads of a chunk (its keys read once, in
+    address order); alone, a short request's task takes one head. Which task computes a head changes no
+    bits: every request of a wide batch equals itself attended alone, decodes and verify rows alike."""
+    lib = native.load("paged_attention", isa)
+    assert lib is not None
+    kernel = PagedAttentionKernel(lib)
+    gen = torch.Generator().manual_seed(11)
+    bs, kvh, heads, hd = 16, 3, 9, 64
+    cache_k = torch.randn(120, bs, kvh, hd, generator=gen).to(dtype)
+    cache_v = torch.randn(120, bs, kvh, hd, generator=gen).to(dtype)
+    i64 = lambda *x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    lens, q_lens = [300, 45, 129, 200, 66, 250], [1, 1, 4, 1, 3, 1]
+    tables = torch.randperm(120, generator=gen)[: 6 * 19].view(6, 19).contiguous()
+    q = torch.randn(sum(q_lens), heads, hd, generator=gen).to(dtype)
+    starts = [sum(q_lens[:i]) for i in range(6)]
+
+    def attend(qr: torch.Tensor, reqs: list[int]) -> torch.Tensor:
+        out = torch.empty_like(qr)
+        ql = [q_lens[r] for r in reqs]
+        ix = kernel.indices(tables, i64(*lens), i64(*reqs), i64(*[sum(ql[:i]) for i in range(len(reqs))]),
+                            i64(*ql), qr.shape[0], 0)
+        kernel(qr, out, cache_k, cache_v, ix, hd**-0.5)
+        return out
+
+    prev = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            wide = attend(q, list(range(6)))
+            for r in range(6):
+                rows = slice(starts[r], starts[r] + q_lens[r])
+                alone = attend(q[rows].contiguous(), [r])
+                assert torch.equal(alone, wide[rows]), (isa, threads, r)
+    finally:
+        torch.set_num_threads(prev)
+
+
+@needs_cc
 def test_host_list_indices_are_checked_like_tensors() -> None:
     """The batch layout as host lists (the backend's usual call) gets the same checks, in Python."""
     kernel = paged_attention_kernel()
