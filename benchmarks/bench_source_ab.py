@@ -1,0 +1,109 @@
+"""Two versions of tandem's source side by side: decode speed of a git revision against the working tree.
+
+Each arm is an engine in its own process (``bench_quant.TandemArm``'s worker, one OpenMP runtime each) whose
+``tandem`` is imported from that arm's source: the base arm from a temporary ``git worktree`` of
+``--base`` (its ``src`` first on ``PYTHONPATH``), the other from this checkout. Both arms run the same engine
+arguments (the default model, greedy, no stop, ``--max-tokens`` tokens each); at each concurrency c the
+prompts (HumanEval, as token ids) go in batches of c (``max_num_seqs`` c) and the arms take turns batch by
+batch, the order alternating, so drift in the machine's speed hits both. Reports decode tok/s per arm, the
+ratio, and whether the outputs are identical (a change that should not move any bits must keep them).
+
+    python benchmarks/bench_source_ab.py --base HEAD~1 --concurrency 1 4 16 \\
+        --json benchmarks/results/source_ab.json --plot benchmarks/results/source_ab.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_quant import Worker  # noqa: E402
+from common import environment, grouped_bars, humaneval  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from tandem.model.loader import load_tokenizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "bench_quant.py"
+
+
+class SourceArm(Worker):
+    """An engine whose ``tandem`` comes from ``src`` (None: this checkout)."""
+
+    def __init__(self, kwargs: dict[str, Any], src: Path | None) -> None:
+        env = dict(os.environ)
+        if src is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
+        cmd = [sys.executable, str(WORKER), "--arm-worker", json.dumps(kwargs)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.info = self._read()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", default="HEAD~1", help="git revision of the base arm")
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
+    ap.add_argument("--prompts", type=int, default=16, help="HumanEval prompts (the first N)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--engine", default="{}", help="JSON of extra engine arguments, both arms")
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    ns = ap.parse_args()
+    rev = subprocess.run(["git", "rev-parse", "--short", ns.base], cwd=ROOT, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    tok = load_tokenizer("smollm2-135m-instruct")
+    ids = [tok.encode(t) for t in humaneval(ns.prompts)]
+    names = {f"base {rev}": "base", "working tree": "head"}
+    out: dict[str, Any] = {"environment": environment(), "args": vars(ns), "base_commit": rev, "results": []}
+    with tempfile.TemporaryDirectory(prefix="tandem-ab-") as tmp:
+        tree = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), ns.base], cwd=ROOT, check=True,
+                       capture_output=True)
+        try:
+            for c in ns.concurrency:
+                kw = {"max_num_seqs": c, "max_model_len": 2048, **json.loads(ns.engine)}
+                arms = {n: SourceArm(kw, tree / "src" if k == "base" else None)
+                        for n, k in tqdm(names.items(), desc=f"c={c} load")}
+                order = list(arms)
+                decode_s, decode_tokens = dict.fromkeys(order, 0.0), dict.fromkeys(order, 0)
+                tokens: dict[str, list[list[int]]] = {n: [] for n in order}
+                batches = [ids[i : i + c] for i in range(0, len(ids), c)]
+                for b, batch in enumerate(tqdm(batches * max(1, 4 // len(batches)), desc=f"c={c}")):
+                    for n in order if b % 2 == 0 else order[::-1]:
+                        ans = arms[n].ask(cmd="generate", prompts=batch, max_tokens=ns.max_tokens)
+                        decode_s[n] += ans["decode_s"]
+                        decode_tokens[n] += ans["decode_tokens"]
+                        tokens[n] += ans["tokens"]
+                for a in arms.values():
+                    a.close()
+                rates = {n: decode_tokens[n] / decode_s[n] for n in order}
+                base_name, head_name = order
+                row = {"concurrency": c, **{f"{names[n]}_tok_s": r for n, r in rates.items()},
+                       "ratio": rates[head_name] / rates[base_name],
+                       "identical": tokens[head_name] == tokens[base_name]}
+                out["results"].append(row)
+                print(f"c={c:<3} base {rates[base_name]:8.1f} tok/s  working tree {rates[head_name]:8.1f} tok/s  "
+                      f"{row['ratio']:5.3f}x  identical {row['identical']}", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False,
+                           capture_output=True)
+    out["environment_after"] = environment()
+    if ns.json:
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(ns.json).write_text(json.dumps(out, indent=1))
+    if ns.plot:
+        groups = [f"c={r['concurrency']}" for r in out["results"]]
+        grouped_bars(ns.plot, groups, {f"base {rev}": [1.0] * len(groups),
+                                       "working tree": [r["ratio"] for r in out["results"]]},
+                     "decode tok/s vs the base", f"working tree vs {rev}")
+
+
+if __name__ == "__main__":
+    main()
