@@ -31,8 +31,12 @@ REPORT_SPLIT = range(100, 164)
 
 def arm_config(name: str, method: str, k: int, c: int) -> dict[str, Any]:
     """Arms: ``none``, ``chain``, ``TOP_K,MAX_NODES`` (trees; policy fixed), ``adaptive:TOP_K,MAX_NODES`` (trees
-    configured, the adaptive policy choosing per step between no drafts, chains and trees)."""
+    configured, the adaptive policy choosing per step between no drafts, chains and trees). A suffix ``@K``
+    gives the arm its own ``num_speculative_tokens`` (the chain's length, the tree's depth) instead of ``--k``:
+    ``chain@2``, ``2,3@2``."""
     spec: dict[str, Any] | None = None
+    name, _, own_k = name.partition("@")
+    k = int(own_k) if own_k else k
     if name != "none":
         adaptive, _, shape = name.rpartition(":")
         spec = {"method": method, "num_speculative_tokens": k, "policy": "adaptive" if adaptive else "fixed"}
@@ -47,7 +51,8 @@ def main() -> None:
     ap.add_argument("--method", default="eagle3", choices=["eagle", "eagle3", "mtp"])
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens: the chain's length, the trees' depth")
     ap.add_argument("--trees", nargs="+", default=["2,4", "2,6", "4,16", "adaptive:4,16"],
-                    help="top_k,max_nodes (policy fixed), or adaptive:top_k,max_nodes")
+                    help="top_k,max_nodes (policy fixed), or adaptive:top_k,max_nodes; a suffix @K sets that "
+                         "arm's depth (chain@K: a chain of K)")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--prompts", type=int, default=16, help="first N prompts of the report split")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -92,7 +97,8 @@ def main() -> None:
     if ns.plot:
         groups = [f"c={c}" for c in ns.concurrency]
         series = {n: [r["speedup_vs_none"] for r in out["results"] if r["arm"] == n] for n in names[1:]}
-        grouped_bars(ns.plot, groups, {(n if n == "chain" or ":" in n else "tree " + n): v for n, v in series.items()},
+        grouped_bars(ns.plot, groups, {(n if n.startswith("chain") or ":" in n else "tree " + n): v
+                                       for n, v in series.items()},
                      "decode speed-up vs no speculation", f"{ns.method}: draft trees vs the chain (engine)")
 
 
