@@ -3,9 +3,9 @@
  * Reads K and V straight from the paged cache through each request's block table: no gathered copy of the
  * context, no padding to the batch's longest sequence, one call per layer for every short query in the
  * batch. One task is (request, chunk of keys, KV heads): for each of its KV heads, the G = heads / kv_heads
- * query heads times q_len query rows are scored against each key row of the chunk. Where the batch has
- * chunks enough to keep every thread busy a task takes every KV head of its chunk, asking for the chunk's
- * keys (all heads: adjacent in the cache) towards L2 in address order first; one head each otherwise. At
+ * query heads times q_len query rows are scored against each key row of the chunk. Where the batch has a
+ * chunk for every thread a task takes every KV head of its chunk, asking for the chunk's keys (all heads:
+ * adjacent in the cache) towards L2 in address order first; one head each otherwise. At
  * four requests of 300 keys this read the cache at ~16 GB/s against ~12 with a head a task (a head's third
  * of each key, 768 bytes apart, which the hardware prefetchers follow late). Keys are cut into chunks of
  * KEY_CHUNK at fixed positions (0, KEY_CHUNK, 2 * KEY_CHUNK, ...); a request with more than one chunk has its
@@ -421,12 +421,13 @@ int tandem_paged_attention(
     int64_t *lens = plan, *nchunks = lens + num_reqs, *poff = nchunks + num_reqs, *chunk0 = poff + num_reqs;
     int64_t *tree_req = chunk0 + num_reqs, *first = tree_req + num_reqs;
     int64_t tasks = 0, partial_floats = 0;
-    /* A task takes KV heads_per_task heads of a chunk: all of them where there are chunks enough to keep
-     * every thread busy (the chunk's keys are then read once, in address order: each key's heads are
-     * adjacent in the cache), one each otherwise. Which task computes a head changes no bits. */
+    /* A task takes KV heads_per_task heads of a chunk: all of them where there is a chunk for every thread
+     * (the chunk's keys are then read once, in address order: each key's heads are adjacent in the cache),
+     * one each otherwise (a short decode: its heads keep the threads busy). Which task computes a head
+     * changes no bits. */
     int64_t all_chunks = 0;
     for (int64_t r = 0; r < num_reqs; r++) all_chunks += seq_lens[req[r]] / KEY_CHUNK + 1;
-    const int64_t heads_per_task = all_chunks >= 4 * (int64_t)num_threads ? kv_heads : 1;
+    const int64_t heads_per_task = all_chunks >= (int64_t)num_threads ? kv_heads : 1;
     const int64_t head_tasks = kv_heads / heads_per_task;
     for (int64_t r = 0; r < num_reqs; r++) {
         lens[r] = clamp64(seq_lens[req[r]], 0, max_keys);
