@@ -117,3 +117,24 @@ def test_int8x2_is_two_orders_closer_than_int8() -> None:
     err = {a: float((kernel(x, w.with_activations(a)).double() - ref).abs().max()) for a in ("float32", "int8", "int8x2")}
     assert err["int8x2"] * 100 < err["int8"] and err["float32"] < err["int8x2"]
     assert kernel.vnni == ("avx512_vnni" in native._cpu_flags().split() and native.cpu_isa() == "avx512")
+
+
+@pytest.mark.parametrize("activations", ["float32", "int8x2"])
+def test_many_rows_run_in_slices_of_the_kernel_where_activations_are_int8(activations: str) -> None:
+    """A prefill-sized product (more rows than the kernel takes at once): with int8 activations on VNNI it runs
+    in slices of rows through the same kernel, so every row has the bits it has alone, bias and residual
+    included; otherwise dequantized tiles + float32 GEMM (within the reference's tolerance)."""
+    from tandem.model.block_quant_linear import QUANT_FEW_ROWS_INTERLEAVED, block_quant_linear, int8_rows
+
+    kernel = quant_linear_kernel()
+    assert kernel is not None
+    w = _weight(Q.Q4_1, 48, 576, seed=4).repacked().with_activations(activations)
+    gen = torch.Generator().manual_seed(6)
+    rows = 2 * QUANT_FEW_ROWS_INTERLEAVED + 9
+    x, bias, res = torch.randn(rows, 576, generator=gen), torch.randn(48, generator=gen), torch.randn(rows, 48, generator=gen)
+    y = block_quant_linear(x, w, bias, residual=res, kernel=kernel)
+    assert int8_rows(w, kernel) == (activations == "int8x2" and kernel.vnni)
+    if int8_rows(w, kernel):
+        for r in (0, 63, 64, 130, rows - 1):
+            assert torch.equal(y[r : r + 1], kernel(x[r : r + 1], w, bias, res[r : r + 1].contiguous()))
+    _check(y - bias - res, x, w.dequantize())

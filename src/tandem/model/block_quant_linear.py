@@ -1,9 +1,11 @@
 """Matrix products on block-quantized weights (:class:`~tandem.model.block_quant.BlockQuantWeight`), used
 by every linear formulation in linear.py, and the kernel plan ``tandem config`` shows for them.
 
-Few rows (a decode, a verify, a draft head) run the native kernels on the blocks (``native/quant.h``); many
-rows (a prefill chunk) multiply tiles of rows dequantized natively into float32 with torch's GEMM, one tile
-at a time, so the weights are never resident in float32. The reference is gguf-py's dequantization.
+Few rows (a decode, a verify, a draft head) run the native kernels on the blocks (``native/quant.h``). Many
+rows (a prefill chunk) run in slices of rows through the same kernel where it multiplies int8 activations
+with VNNI (:func:`int8_rows`); elsewhere they multiply tiles of rows dequantized natively into float32 with
+torch's GEMM, one tile at a time, so the weights are never resident in float32. The reference is gguf-py's
+dequantization.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ def block_quant_linear(
 
     ``native`` False: the reference (gguf-py's dequantization, one float32 product). Else the native kernel
     for up to :data:`QUANT_FEW_ROWS` rows (:data:`QUANT_FEW_ROWS_INTERLEAVED` on interleaved parts), and for
-    more rows tiles of ``W``'s rows dequantized natively
-    into float32 and multiplied by torch's GEMM (the weights are never resident in float32); without a
-    compiler the reference. ``kernel``: the native kernels the caller resolved once (else looked up)."""
+    more rows that kernel in slices of rows where it takes int8 activations with VNNI (:func:`int8_rows`), or
+    tiles of ``W``'s rows dequantized natively into float32 and multiplied by torch's GEMM (the weights are
+    never resident in float32); without a compiler the reference. ``kernel``: the native kernels the caller
+    resolved once (else looked up)."""
     if x.dtype != torch.float32:
         raise ValueError(f"block-quantized weight {weight.name!r}: float32 activations, got {x.dtype}")
     if kernel is None and native:
@@ -48,6 +51,8 @@ def block_quant_linear(
         if x.dim() == 2 and 1 <= x.shape[0] <= min(few, kernel.max_rows):
             res = None if residual is None else residual.contiguous()
             return kernel(x, weight, None if bias is None else bias.contiguous(), res)
+        if x.dim() == 2 and int8_rows(weight, kernel):  # slices of rows through the same kernel
+            return _in_slices(x, weight, bias, residual, kernel, min(few, kernel.max_rows))
         xg = x if weight.gain is None else x * weight.gain
         out_features, inp = weight.shape
         step = max(64, QUANT_TILE_FLOATS // inp)
@@ -66,6 +71,28 @@ def block_quant_linear(
     else:
         y = F.linear(x, weight.dequantize(torch.float32), bias)
     return y if residual is None else y.add_(residual)
+
+
+def int8_rows(weight: BlockQuantWeight, kernel: _quant_linear.QuantLinearKernel) -> bool:
+    """Whether a many-row product of ``weight`` runs in slices of rows through the few-row kernel: where every
+    part is interleaved and multiplies int8 activations with VNNI (one or two levels). There the integer dot
+    products take ~2x the multiply-adds of float32 FMAs an instruction, so a prefill chunk's products beat
+    dequantized tiles + torch's float32 GEMM (BENCHMARKS.md §13), and every row has the bits it would have
+    alone (a prompt's rows equal the same tokens decoded one by one)."""
+    return weight.all_interleaved and weight.activations != "float32" and kernel.vnni
+
+
+def _in_slices(x: torch.Tensor, weight: BlockQuantWeight, bias: torch.Tensor | None,
+               residual: torch.Tensor | None, kernel: _quant_linear.QuantLinearKernel, rows: int) -> torch.Tensor:
+    """``(residual +) x @ W^T (+ bias)`` ``rows`` rows at a time through the few-row kernel."""
+    x = x.contiguous()
+    b = None if bias is None else bias.contiguous()
+    r = None if residual is None else residual.contiguous()
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    for start in range(0, x.shape[0], rows):
+        stop = min(start + rows, x.shape[0])
+        kernel(x[start:stop], weight, b, None if r is None else r[start:stop], out_t=y[start:stop])
+    return y
 
 
 def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str, object]:
@@ -94,5 +121,8 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
         n = QUANT_FEW_ROWS_INTERLEAVED if t in INTERLEAVED_TYPES else QUANT_FEW_ROWS
         plan[t] = {f"1-{n} rows": f"native quant.h ({compiled}): {few}"}
         plan[t][f"1-{8} rows, whole stack"] = f"native decode_forward ({compiled}) on the same kernel"
-        plan[t][f">{n} rows"] = "native dequantized tiles of rows + torch float32 GEMM"
+        if t in INTERLEAVED_TYPES and activations != "float32" and kernel.vnni:
+            plan[t][f">{n} rows"] = f"native quant.h in slices of {n} rows (the same kernel, VNNI)"
+        else:
+            plan[t][f">{n} rows"] = "native dequantized tiles of rows + torch float32 GEMM"
     return plan

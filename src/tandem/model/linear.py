@@ -22,7 +22,8 @@ rules of its weight's kind, first to last. The last plain rule is always the ref
 Block-quantized matrices (:class:`~tandem.model.block_quant.BlockQuantWeight`, ``quantization="gguf"``) go
 through :func:`block_quant_linear` in every formulation: ``torch`` multiplies by the gguf-py reference
 dequantization; the others run few rows in the native kernels on the blocks (``native/quant.h``) and many
-rows (a prefill chunk) as float32 GEMMs over tiles of rows dequantized natively, one tile at a time.
+rows (a prefill chunk) in slices of rows through the same kernels where they take int8 activations with VNNI,
+else as float32 GEMMs over tiles of rows dequantized natively, one tile at a time.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def rule_block_quant_reference(k: LinearKernels, x: Tensor, w: BlockQuantWeight,
 
 def rule_block_quant(k: LinearKernels, x: Tensor, w: BlockQuantWeight, bias: Tensor | None,
                      res: Tensor | None) -> Tensor:
-    """The native kernels on the blocks (few rows) or natively dequantized tiles (many)."""
+    """The native kernels on the blocks (few rows; many rows in slices where they take int8 activations) or
+    natively dequantized tiles (many)."""
     return block_quant_linear(x, w, bias, residual=res, native=k.quant is not None, kernel=k.quant)
 
 

@@ -54,7 +54,10 @@ class QuantLinearKernel:
         weight: BlockQuantWeight,
         bias: torch.Tensor | None = None,
         residual: torch.Tensor | None = None,
+        out_t: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``out_t``: where to write ``y`` (``[rows, out_features]`` float32 with unit column stride, e.g. a slice
+        of a bigger result's rows); else a new tensor."""
         rows = x.shape[0] if x.dim() == 2 else -1
         out, inp = weight.shape
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != inp or x.device.type != "cpu":
@@ -71,7 +74,12 @@ class QuantLinearKernel:
             tuple(residual.shape) != (rows, out) or residual.dtype != torch.float32 or residual.stride(1) != 1
         ):
             raise ValueError(f"quant linear: residual {tuple(residual.shape)} for {(rows, out)}")
-        y = torch.empty(rows, out, dtype=torch.float32)
+        if out_t is None:
+            y = torch.empty(rows, out, dtype=torch.float32)
+        elif out_t.dtype != torch.float32 or tuple(out_t.shape) != (rows, out) or out_t.stride(1) != 1:
+            raise ValueError(f"quant linear: out {out_t.dtype} {tuple(out_t.shape)} for {(rows, out)}")
+        else:
+            y = out_t
         rc = self._fn(
             weight.descriptor.data_ptr(), x.data_ptr(), x.stride(0), rows,
             None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(),

@@ -260,19 +260,21 @@ def _attend_long(
     lq: LongQuery,
     scale: float,
 ) -> torch.Tensor:
-    """Attention of one long query; returns ``[q_len, heads, head_dim]``."""
-    ql = q[lq.row_start : lq.row_end].transpose(0, 1)
+    """Attention of one long query; returns ``[q_len, heads, head_dim]``. The tensors get a batch axis: on the
+    CPU, torch's fused (flash) kernel takes 4-D inputs only, and 3-D ones fall back to the unfused math path
+    (scores materialized, masked, softmaxed: 3-6x slower at 512-2,048 tokens, BENCHMARKS.md §11)."""
+    ql = q[lq.row_start : lq.row_end].transpose(0, 1).unsqueeze(0)
     if lq.slots is None:
         keys, values = k[lq.row_start : lq.row_end], v[lq.row_start : lq.row_end]
     else:
         keys, values = k_flat.index_select(0, lq.slots), v_flat.index_select(0, lq.slots)
     res = F.scaled_dot_product_attention(
         ql,
-        keys.transpose(0, 1),
-        values.transpose(0, 1),
+        keys.transpose(0, 1).unsqueeze(0),
+        values.transpose(0, 1).unsqueeze(0),
         attn_mask=lq.mask,
         is_causal=lq.mask is None,
         scale=scale,
         enable_gqa=True,
     )
-    return res.transpose(0, 1)
+    return res[0].transpose(0, 1)
