@@ -46,10 +46,37 @@ class SourceArm(Worker):
         self.info = self._read()
 
 
+def prefill_rows(ns: argparse.Namespace, names: dict[str, str], tree: Path, text_ids: list[int]) -> list[dict[str, Any]]:
+    """Prefill tok/s of each ``--prefill`` length per arm (best of the repeats, arms alternating)."""
+    longest = max(ns.prefill)
+    kw = {"max_num_seqs": 1, "max_model_len": max(2048, longest + 16), "max_num_batched_tokens": longest,
+          "enable_prefix_caching": False, **json.loads(ns.engine)}
+    arms = {n: SourceArm(kw, tree / "src" if k == "base" else None) for n, k in tqdm(names.items(), desc="prefill load")}
+    order, rows = list(arms), []
+    for n_tok in ns.prefill:
+        prompt = (text_ids * (n_tok // max(1, len(text_ids)) + 1))[:n_tok]
+        rates: dict[str, list[float]] = {n: [] for n in order}
+        for rep in tqdm(range(ns.prefill_repeats), desc=f"prefill {n_tok}"):
+            for n in order if rep % 2 == 0 else order[::-1]:
+                rates[n].append(n_tok / arms[n].ask(cmd="prefill", ids=prompt)["prefill_s"])
+        best = {n: max(v) for n, v in rates.items()}
+        base_name, head_name = order
+        row = {"prefill_tokens": n_tok, **{f"{names[n]}_tok_s": r for n, r in best.items()},
+               "ratio": best[head_name] / best[base_name]}
+        rows.append(row)
+        print(f"prefill {n_tok:<5} base {best[base_name]:8.1f} tok/s  working tree {best[head_name]:8.1f} tok/s  "
+              f"{row['ratio']:5.3f}x", flush=True)
+    for a in arms.values():
+        a.close()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="HEAD~1", help="git revision of the base arm")
-    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
+    ap.add_argument("--concurrency", nargs="*", type=int, default=[1, 4, 16])
+    ap.add_argument("--prefill", nargs="*", type=int, default=[], help="prompt lengths whose prefill is timed")
+    ap.add_argument("--prefill-repeats", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=16, help="HumanEval prompts (the first N)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--engine", default="{}", help="JSON of extra engine arguments, both arms")
@@ -91,6 +118,8 @@ def main() -> None:
                 out["results"].append(row)
                 print(f"c={c:<3} base {rates[base_name]:8.1f} tok/s  working tree {rates[head_name]:8.1f} tok/s  "
                       f"{row['ratio']:5.3f}x  identical {row['identical']}", flush=True)
+            if ns.prefill:
+                out["prefill"] = prefill_rows(ns, names, tree, [t for p in ids for t in p])
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False,
                            capture_output=True)
@@ -99,10 +128,11 @@ def main() -> None:
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.json).write_text(json.dumps(out, indent=1))
     if ns.plot:
-        groups = [f"c={r['concurrency']}" for r in out["results"]]
-        grouped_bars(ns.plot, groups, {f"base {rev}": [1.0] * len(groups),
-                                       "working tree": [r["ratio"] for r in out["results"]]},
-                     "decode tok/s vs the base", f"working tree vs {rev}")
+        groups = [f"decode c={r['concurrency']}" for r in out["results"]]
+        groups += [f"prefill {r['prefill_tokens']}" for r in out.get("prefill", [])]
+        ratios = [r["ratio"] for r in out["results"]] + [r["ratio"] for r in out.get("prefill", [])]
+        grouped_bars(ns.plot, groups, {f"base {rev}": [1.0] * len(groups), "working tree": ratios},
+                     "tok/s vs the base", f"working tree vs {rev}")
 
 
 if __name__ == "__main__":
