@@ -13,14 +13,13 @@ micro-batch), the prompt's KV cleared before each repeat.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quant import MODEL, LlamaCpp, TandemArm  # noqa: E402
-from common import environment, grouped_bars, humaneval  # noqa: E402
+from common import environment, finish_json, grouped_bars, humaneval  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tandem.model.loader import load_tokenizer, resolve_model  # noqa: E402
@@ -59,10 +58,7 @@ def main() -> None:
               f"{row['ratio']:5.2f}x", flush=True)
     tandem.close()
     peer.close()
-    out["environment_after"] = environment()
-    if ns.json:
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps(out, indent=1))
+    finish_json(ns.json, out)
     if ns.plot:
         groups = [f"{r['prompt_tokens']} tokens" for r in out["results"]]
         grouped_bars(ns.plot, groups, {a: [r[f"{a}_tok_s"] for r in out["results"]] for a in ("tandem", "llama.cpp")},

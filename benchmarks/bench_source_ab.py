@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quant import Worker  # noqa: E402
-from common import environment, grouped_bars, humaneval  # noqa: E402
+from common import environment, finish_json, grouped_bars, humaneval  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tandem.model.loader import load_tokenizer  # noqa: E402
@@ -123,10 +123,7 @@ def main() -> None:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False,
                            capture_output=True)
-    out["environment_after"] = environment()
-    if ns.json:
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps(out, indent=1))
+    finish_json(ns.json, out)
     if ns.plot:
         groups = [f"decode c={r['concurrency']}" for r in out["results"]]
         groups += [f"prefill {r['prefill_tokens']}" for r in out.get("prefill", [])]

@@ -86,6 +86,15 @@ def report(
         Path(args.json).write_text(json.dumps(out, indent=1))
 
 
+def finish_json(path: str | None, out: dict[str, Any]) -> None:
+    """Add the machine's state after the run (``environment_after``) to ``out`` and write it to ``path`` (if
+    given) as indented JSON, making its folder."""
+    out["environment_after"] = environment()
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=1))
+
+
 def grouped_bars(path: str, groups: list[str], series: dict[str, list[float]], ylabel: str, title: str) -> None:
     """A bar chart of ``series`` (label -> one value per group), the bars of each group side by side."""
     import matplotlib
