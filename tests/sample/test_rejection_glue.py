@@ -13,6 +13,7 @@ from tandem.sample import (
     Sampler,
     SamplingMetadata,
     greedy_verify,
+    greedy_verify_rows,
     make_generator,
     num_accepted,
     rejection_sample,
@@ -117,6 +118,31 @@ def test_greedy_fast_path_equals_one_hot_rule(seed: int) -> None:
     assert fast.logprobs is not None and fast.logprobs.logprob_token_ids.shape[0] == len(rows)
     ids = Sampler().greedy_token_ids(logits, meta)[index]
     assert greedy_verify(ids, drafts).tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_greedy_rule_on_host_lists_equals_the_tensor_rule(seed: int) -> None:
+    """The CPU's host-list greedy rule (``greedy_verify_rows``) makes the tensor rule's decisions: ragged
+    draft counts, a -1 inside the drafts (only the prefix before it counts), slots past a request's count
+    ignored, requests without drafts, every draft accepted (bonus) and none."""
+    gen = torch.Generator().manual_seed(seed)
+    k, batch, vocab = 4, 6, 5
+    num_drafts = torch.randint(0, k + 1, (batch,), generator=gen).tolist()
+    drafts = torch.randint(-1, vocab, (batch, k), generator=gen)
+    rows = sum(n + 1 for n in num_drafts)
+    ids = torch.randint(0, vocab, (rows,), generator=gen)
+    r = 0
+    for b, n in enumerate(num_drafts):  # most drafts equal to the argmax, so that prefixes get accepted
+        for j in range(n):
+            if torch.rand((), generator=gen) < 0.7 and drafts[b, j] >= 0:
+                ids[r + j] = drafts[b, j]
+        r += n + 1
+    starts = [sum(n + 1 for n in num_drafts[:b]) for b in range(batch)]
+    index = torch.tensor([[s + min(j, n) for j in range(k + 1)] for s, n in zip(starts, num_drafts)])
+    slots = torch.arange(k)
+    masked = torch.where(slots < torch.tensor(num_drafts).unsqueeze(1), drafts, -1)
+    ref = greedy_verify(ids[index], masked).tolist()
+    assert greedy_verify_rows(ids.tolist(), drafts.tolist(), num_drafts, k) == ref
 
 
 def test_greedy_verify_shape_check() -> None:

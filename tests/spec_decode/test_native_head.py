@@ -93,6 +93,52 @@ def test_bf16_weights_are_a_rounding_of_the_float32_head(targets: dict[str, Any]
     assert bf.head.lm_head.dtype == torch.bfloat16  # the head's own draft LM head
 
 
+@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
+def test_native_input_fusion_and_drafts_equal_the_heads(targets: dict[str, Any], method: str, draft_dtype: str) -> None:
+    """EAGLE-3's input norms in one call, and the drafts' last steps (final norm, draft LM head, argmax, the
+    draft -> target map) in one call, against the head's torch ops: inputs and logits to float32 rounding,
+    every draft equal where the top two logits are apart (a near-tie may break either way, and a draft only
+    proposes). The other methods' fusions are the head's own; their LM head may be the target's."""
+    p = _proposer(targets, method, draft_dtype)
+    native = p.native
+    assert native is not None
+    gen = torch.Generator().manual_seed(1)
+    ids, feat = torch.randint(0, V, (5,), generator=gen), torch.randn(5, H, generator=gen)
+    got, want = native.layer_input(ids, feat), p.head.layer_input(ids, feat)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert native.fast_inputs == (method == "eagle3")
+    h = torch.randn(7, H, generator=gen) * 3
+    ref_logits = p.head.logits(h).float()
+    toks = native.draft_tokens(h)
+    if native.fast_tokens:
+        logits = torch.empty_like(ref_logits)
+        assert torch.equal(native.kernel.head_tokens(h, p.head.norm, p.head.cfg.rms_norm_eps, p.head.lm_head,
+                                                     p.head.draft_map, logits), toks)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        best = logits.argmax(dim=1)
+        assert torch.equal(toks, best if p.head.draft_map is None else p.head.draft_map[best])
+    top2 = ref_logits.topk(2, dim=1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 1e-3
+    assert clear.sum() >= 5
+    assert torch.equal(toks[clear], p.head.draft_tokens(h)[clear])
+
+
+def test_native_head_tokens_checks_its_inputs(targets: dict[str, Any]) -> None:
+    p = _proposer(targets, "eagle3", "int8")
+    assert p.native is not None and p.native.fast_tokens and p.native.fast_inputs
+    kernel, head = p.native.kernel, p.head
+    with pytest.raises(ValueError, match="h is"):
+        kernel.head_tokens(torch.randn(2, H, dtype=torch.bfloat16), head.norm, 1e-5, head.lm_head, head.draft_map)
+    with pytest.raises(ValueError, match="rows"):
+        kernel.head_tokens(torch.randn(65, H), head.norm, 1e-5, head.lm_head, head.draft_map)
+    with pytest.raises(ValueError, match="draft_map"):
+        kernel.head_tokens(torch.randn(2, H), head.norm, 1e-5, head.lm_head, head.draft_map[:3])
+    with pytest.raises(ValueError, match="wb"):
+        kernel.head_rms_pair(torch.randn(2, H), torch.randn(2, H), torch.ones(H), torch.ones(H - 1), 1e-5)
+
+
 def test_prefill_rows_take_the_torch_layer(targets: dict[str, Any]) -> None:
     p = _proposer(targets, "eagle", "bfloat16")
     assert p.native is not None

@@ -25,7 +25,7 @@
 #include "paged_attention.c"
 #include "quant.h"
 
-#define TANDEM_DECODE_FORWARD_ABI 6
+#define TANDEM_DECODE_FORWARD_ABI 7
 #define MAX_ROWS 64 /* short steps: decode rows and verify rows, as many as the few-row products take (QMAX_ROWS) */
 #define PAR_ROWS 4  /* the element-wise work between the products is split over the threads from this many rows */
 #define LAYER_PTRS 21 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the
@@ -267,4 +267,55 @@ int tandem_head_layer(
         for (int64_t i = 0; i < rows * hidden; i++) store_elem(x, i, xf[i], is_bf16);
     free(mem);
     return rc == 0 ? 0 : -2;
+}
+
+/* torch's F.rms_norm of one float32 row: x * rsqrt(mean(x^2) + eps) * w (w NULL: no gain). */
+static void rms_row(const float *x, int64_t n, const float *w, float eps, float *out) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * inv * (w ? w[i] : 1.0f);
+}
+
+/* EAGLE-3's attention input (spec_decode/head.py, DraftHead.layer_input): out [rows, 2 * hidden] holds, per
+ * row, rms_norm(a[r]) * wa beside rms_norm(b[r]) * wb (a: the token's embedding, b: the feature; float32). */
+void tandem_head_rms_pair(const float *a, const float *b, int64_t rows, int64_t hidden, const float *wa,
+                          const float *wb, float eps, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        rms_row(a + r * hidden, hidden, wa, eps, out + r * 2 * hidden);
+        rms_row(b + r * hidden, hidden, wb, eps, out + r * 2 * hidden + hidden);
+    }
+}
+
+/* A draft head's greedy drafts (DraftHead.draft_tokens): each row of h [rows, hidden] (float32) through the
+ * final norm (norm_w, or NULL where the head has none), the draft LM head (lm_w [vd, hidden] in wdt, gemv.h;
+ * int8 with lm_scale [vd]) and the argmax (the first maximal logit; drafts only propose, so a NaN logit, which
+ * the fast-math build does not look for, can cost acceptance and nothing else), mapped to a target id by draft_map [vd] (NULL: the identity) into out_ids [rows]. logits_out
+ * [rows, vd]: the logits too, or NULL. Returns 0, -1 for rows outside 1..GEMV_MAX_ROWS, -2 when out of memory. */
+int tandem_head_tokens(const float *h, int64_t rows, int64_t hidden, const float *norm_w, float eps,
+                       const void *lm_w, const float *lm_scale, int wdt, int64_t vd, const int64_t *draft_map,
+                       int64_t *out_ids, float *logits_out, int num_threads) {
+    if (rows < 1 || rows > GEMV_MAX_ROWS) return -1;
+    float *xn = malloc((size_t)(rows * hidden) * sizeof(float));
+    float *logits = logits_out ? logits_out : malloc((size_t)(rows * vd) * sizeof(float));
+    int rc = xn && logits ? 0 : -2;
+    if (rc == 0) {
+        for (int64_t r = 0; r < rows; r++) {
+            if (norm_w)
+                rms_row(h + r * hidden, hidden, norm_w, eps, xn + r * hidden);
+            else
+                memcpy(xn + r * hidden, h + r * hidden, (size_t)hidden * sizeof(float));
+        }
+        rc = gemv_rows(xn, rows, hidden, lm_w, lm_scale, vd, wdt, logits, vd, num_threads);
+    }
+    for (int64_t r = 0; rc == 0 && r < rows; r++) {
+        const float *l = logits + r * vd;
+        int64_t best = 0;
+        for (int64_t i = 1; i < vd; i++)
+            if (l[i] > l[best]) best = i;
+        out_ids[r] = draft_map ? draft_map[best] : best;
+    }
+    free(xn);
+    if (!logits_out) free(logits);
+    return rc;
 }

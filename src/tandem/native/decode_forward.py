@@ -21,7 +21,7 @@ from tandem.model.quant import Int8Weight
 from tandem.native.paged_attention import PagedAttentionIndices
 from tandem.native.small_linear import DTYPES, W_DTYPES, check_dense
 
-_ABI = 6
+_ABI = 7
 # qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the int8 weights' scales
 # (qkv, o_proj, gate_up, down; 0 for other weights), then the block-quantized matrices' descriptors (same
 # order; 0 for other weights), then post_attn_norm, post_ffn_norm (0: none), the layer's KV cache group and
@@ -93,6 +93,13 @@ class DecodeForwardKernel:
         self._head_fn = lib.tandem_head_layer
         self._head_fn.argtypes = _HEAD_ARGS
         self._head_fn.restype = ctypes.c_int
+        self._tokens_fn = lib.tandem_head_tokens
+        self._tokens_fn.argtypes = [_ptr, _i64, _i64, _ptr, _f32, _ptr, _ptr, ctypes.c_int, _i64, _ptr, _ptr, _ptr,
+                                    ctypes.c_int]
+        self._tokens_fn.restype = ctypes.c_int
+        self._pair_fn = lib.tandem_head_rms_pair
+        self._pair_fn.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _f32, _ptr]
+        self._pair_fn.restype = None
 
     @staticmethod
     def layer_table(
@@ -287,6 +294,51 @@ class DecodeForwardKernel:
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("native head layer: out of scratch memory")
+
+
+    def head_rms_pair(self, a: torch.Tensor, b: torch.Tensor, wa: torch.Tensor, wb: torch.Tensor, eps: float
+                      ) -> torch.Tensor:
+        """``[rms_norm(a) * wa, rms_norm(b) * wb]`` side by side, ``[rows, 2 * hidden]`` (float32 rows): EAGLE-3's
+        attention input from the tokens' embeddings ``a`` and the features ``b``."""
+        rows, hidden = a.shape[0], a.shape[-1]
+        for t, name in ((a, "a"), (b, "b")):
+            check_dense(t, (rows, hidden), torch.float32, name)
+        for t, name in ((wa, "wa"), (wb, "wb")):
+            check_dense(t, (hidden,), torch.float32, name)
+        out = torch.empty(rows, 2 * hidden)
+        self._pair_fn(a.data_ptr(), b.data_ptr(), rows, hidden, wa.data_ptr(), wb.data_ptr(), eps, out.data_ptr())
+        return out
+
+    def head_tokens(self, h: torch.Tensor, norm: torch.Tensor | None, eps: float, lm_head: torch.Tensor | Int8Weight,
+                    draft_map: torch.Tensor | None, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """A draft head's greedy drafts ``[rows]`` (target ids) from its outputs ``h`` ``[rows, hidden]``
+        (float32): the final ``norm`` (or none), the draft LM head ``[vd, hidden]`` (float32, bf16 or
+        :class:`Int8Weight`), the first maximal logit, ``draft_map``. ``logits`` ``[rows, vd]``: filled too."""
+        rows, hidden = h.shape[0], h.shape[-1]
+        check_dense(h, (rows, hidden), torch.float32, "h")
+        if norm is not None:
+            check_dense(norm, (hidden,), torch.float32, "norm")
+        int8 = isinstance(lm_head, Int8Weight)
+        w = lm_head.q if int8 else lm_head
+        vd = w.shape[0]
+        check_dense(w, (vd, hidden), w.dtype, "lm_head")
+        if w.dtype not in W_DTYPES or (w.dtype == torch.int8) != int8:
+            raise ValueError(f"native head tokens: an LM head of {w.dtype}")
+        if draft_map is not None:
+            check_dense(draft_map, (vd,), torch.int64, "draft_map")
+        if logits is not None:
+            check_dense(logits, (rows, vd), torch.float32, "logits")
+        out = torch.empty(rows, dtype=torch.int64)
+        rc = self._tokens_fn(
+            h.data_ptr(), rows, hidden, None if norm is None else norm.data_ptr(), eps, w.data_ptr(),
+            lm_head.scale.data_ptr() if int8 else None, W_DTYPES[w.dtype], vd,
+            None if draft_map is None else draft_map.data_ptr(), out.data_ptr(),
+            None if logits is None else logits.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise ValueError(f"native head tokens: {rows} rows (1 .. 64)") if rc == -1 else MemoryError(
+                "native head tokens: out of scratch memory")
+        return out
 
 
 def decode_forward_kernel() -> DecodeForwardKernel | None:

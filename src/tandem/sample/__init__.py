@@ -15,6 +15,7 @@ from tandem.sample.rejection import (
     RejectionOutput,
     RejectionSampler,
     greedy_verify,
+    greedy_verify_rows,
     num_accepted,
     rejection_sample,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "apply_top_k_top_p",
     "compute_logprobs",
     "greedy_verify",
+    "greedy_verify_rows",
     "make_generator",
     "num_accepted",
     "position_key",

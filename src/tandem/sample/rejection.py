@@ -100,6 +100,26 @@ def greedy_verify(target_ids: torch.Tensor, draft_token_ids: torch.Tensor) -> to
     return out
 
 
+def greedy_verify_rows(
+    target_ids: Sequence[int], draft_token_ids: Sequence[Sequence[int]], num_draft_tokens: Sequence[int], width: int
+) -> list[list[int]]:
+    """:func:`greedy_verify` on host lists, for a batch laid out as :class:`RejectionSampler` takes it:
+    ``target_ids`` the argmax of every verify row, request b's ``num_draft_tokens[b] + 1`` rows one after
+    another; ``draft_token_ids[b]`` its drafts (slots at or past ``num_draft_tokens[b]`` ignored, -1 = no
+    draft, only the prefix before the first -1 counts). Returns ``width + 1`` ids a request, -1 padded.
+    On the CPU a verify step's ids are a handful of numbers: this is what the greedy rule costs there
+    instead of a dozen small tensor operations (the tensor rule is the reference; tested equal)."""
+    out: list[list[int]] = []
+    start = 0
+    for drafts, n in zip(draft_token_ids, num_draft_tokens):
+        a = 0
+        while a < n and drafts[a] >= 0 and drafts[a] == target_ids[start + a]:
+            a += 1
+        out.append([*drafts[:a], target_ids[start + a], *[PLACEHOLDER] * (width - a)])
+        start += n + 1
+    return out
+
+
 def _rejection_sample(
     p_rows: torch.Tensor,
     index: torch.Tensor,
@@ -238,6 +258,14 @@ class RejectionSampler:
                 f"(need {sum(num_draft_tokens) + batch})"
             )
         device = logits.device
+        if meta.all_greedy and device.type == "cpu":
+            # The greedy rule on host lists (the same decisions as below; nothing to wait for on a CPU).
+            ids = self.sampler.greedy_token_ids(logits, meta).tolist()
+            rows = greedy_verify_rows(ids, draft_token_ids.tolist(), num_draft_tokens, width)
+            out = torch.tensor(rows, dtype=torch.int64)
+            if meta.max_num_logprobs is None:
+                return RejectionOutput(out, None)
+            return RejectionOutput(out, self._logprobs(logits, meta, num_draft_tokens, out))
         starts = list(accumulate((n + 1 for n in num_draft_tokens), initial=0))[:-1]
         num_drafts = to_device(list(num_draft_tokens), torch.int64, device).unsqueeze(1)
         slots = torch.arange(width + 1, device=device)

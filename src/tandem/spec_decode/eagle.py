@@ -213,13 +213,19 @@ class DraftHeadProposer(Proposer):
         return attend
 
     def _head(self, ids: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, metadata: Any) -> torch.Tensor:
-        """The head's output for these rows: the native layer where it applies, else the torch one."""
+        """The head's output for these rows: the native layer (and input fusion) where it applies, else the
+        torch one."""
+        native = self.native
+        if native is not None and native.applies(ids.shape[0], metadata):
+            out = native(*native.layer_input(ids, feat), positions, metadata)
+            assert out is not None
+            return out
         residual, attn_in = self.head.layer_input(ids, feat)
-        if self.native is not None:
-            out = self.native(residual, attn_in, positions, metadata)  # None where it does not apply
-            if out is not None:
-                return out
         return self.head.layer(residual, attn_in, positions, self._attend(metadata))
+
+    def _draft_tokens(self, h: torch.Tensor) -> torch.Tensor:
+        """Greedy drafts (target ids) from the head's outputs: one native call where it applies."""
+        return self.head.draft_tokens(h) if self.native is None else self.native.draft_tokens(h)
 
     def _segments(self, inp: ProposeInput) -> tuple[list[int], list[int]]:
         """Device-state slot of every request (segment) of the target batch, and the segment of each
@@ -256,7 +262,7 @@ class DraftHeadProposer(Proposer):
         accepted = (inp.sampled >= 0).sum(dim=1) - 1
         rows = torch.tensor([r[0] for r in inp.sample_rows], device=device) + accepted
         h = hidden.index_select(0, rows)
-        tok = self.head.draft_tokens(h)
+        tok = self._draft_tokens(h)
         out = torch.full((n_req, k), -1, dtype=torch.int64, device=device)
         out[:, 0] = tok
         if inp.num_drafts > 1:
@@ -277,7 +283,7 @@ class DraftHeadProposer(Proposer):
                 )
                 metadata = self.backend.build_metadata(cb, self.block_size)
                 h = self._head(tok, h, cb.positions, metadata)
-                tok = self.head.draft_tokens(h)
+                tok = self._draft_tokens(h)
                 out[:, j] = tok
         keep = torch.arange(k, device=device) < inp.max_drafts.unsqueeze(1)
         return out.masked_fill_(~keep, -1)

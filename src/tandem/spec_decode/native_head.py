@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
+from tandem.model.block_quant import embedding
 from tandem.model.forward_batch import KVCache
 from tandem.model.linear import NATIVE_FEW_ROWS
 from tandem.model.native_decode import native_decode_enabled
@@ -71,6 +72,16 @@ class NativeHeadLayer:
         # (cos, sin) pairs of every position as float32 rows: one gather per call.
         table = head.rope_table
         self.rot_table = torch.view_as_real(table).reshape(table.shape[0], head.head_dim).contiguous()
+        # The input fusion and the drafts' last steps in one call each where the head's tensors allow it.
+        vec = head.vectors
+        self.fast_inputs = head.dtype == torch.float32 and all(
+            vec[n] is not None and vec[n].dtype == torch.float32  # type: ignore[union-attr]
+            for n in ("input_layernorm.weight", "hidden_norm.weight")
+        )
+        lm = head.lm_head
+        self.fast_tokens = head.dtype == torch.float32 and (head.norm is None or head.norm.dtype == torch.float32) and (
+            isinstance(lm, Int8Weight) or (isinstance(lm, torch.Tensor) and lm.dtype in DTYPES and lm.is_contiguous())
+        )
         self.table = kernel.layer_table(
             self.shape, [layer], kv_cache.k, kv_cache.v, in_width=head.qkv.shape[1]
         )
@@ -86,13 +97,37 @@ class NativeHeadLayer:
         kernel = decode_forward_kernel()
         return None if kernel is None else cls(head, kv_cache, kernel)
 
+    def applies(self, rows: int, metadata: Any) -> bool:
+        """Whether the native kernels take this step: the CPU paged backend's short queries, 1 .. max rows."""
+        return (isinstance(metadata, PagedCpuMetadata) and not metadata.long_queries and metadata.short is not None
+                and 1 <= rows <= self.max_rows)
+
+    def layer_input(self, ids: torch.Tensor, feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`DraftHead.layer_input`, EAGLE-3's two norms side by side in one native call (float32
+        activations); the other methods' fusions (an ``fc`` product first) are the head's own."""
+        head = self.head
+        if head.cfg.method != "eagle3" or not self.fast_inputs or feat.dtype != torch.float32:
+            return head.layer_input(ids, feat)
+        emb = embedding(ids, head.embed, head.dtype, kernel=head.linear.quant)
+        feat = feat.contiguous()
+        w_in, w_hid = head.vectors["input_layernorm.weight"], head.vectors["hidden_norm.weight"]
+        return feat, self.kernel.head_rms_pair(emb.contiguous(), feat, w_in, w_hid, head.cfg.rms_norm_eps)  # type: ignore[arg-type]
+
+    def draft_tokens(self, h: torch.Tensor) -> torch.Tensor:
+        """:meth:`DraftHead.draft_tokens` in one native call (final norm, draft LM head, argmax, id map) where
+        the draft LM head is the head's own matrix (float32, bf16 or int8; the target's GGUF blocks, shared,
+        take the head's torch path), the rows float32 and at most the kernel's 64."""
+        head = self.head
+        if not self.fast_tokens or h.dtype != torch.float32 or not 1 <= h.shape[0] <= 64:
+            return head.draft_tokens(h)
+        return self.kernel.head_tokens(h.contiguous(), head.norm, head.cfg.rms_norm_eps, head.lm_head, head.draft_map)
+
     def __call__(
         self, residual: torch.Tensor, attn_in: torch.Tensor, positions: torch.Tensor, metadata: Any
     ) -> torch.Tensor | None:
         """The layer's output ``[N, H]`` (a new tensor; ``residual`` is not modified), or ``None`` for a step
-        the native kernels do not take (they take the CPU paged backend's short queries, 1 .. max rows)."""
-        if not (isinstance(metadata, PagedCpuMetadata) and not metadata.long_queries and metadata.short is not None
-                and 1 <= residual.shape[0] <= self.max_rows):
+        the native kernels do not take (:meth:`applies`)."""
+        if not self.applies(residual.shape[0], metadata):
             return None
         x = residual.clone(memory_format=torch.contiguous_format)
         rot = self.rot_table.index_select(0, positions)

@@ -253,9 +253,13 @@ class ModelRunner(Drafting):
             return out.sampled_token_ids.view(-1, 1), out.logprobs, num_valid, num_invalid
         # Fixed width k: the uniforms drawn per request must not depend on the batch.
         slots = torch.tensor([p.slot for p in plans], device=self.device)
-        draft_ids = self.batch.drafts.index_select(0, slots)[:, : self.k].clone()
-        keep = torch.arange(self.k, device=self.device) < torch.tensor(num_valid, device=self.device).unsqueeze(1)
-        draft_ids = torch.where(keep, draft_ids, torch.full_like(draft_ids, -1))
+        draft_ids = self.batch.drafts.index_select(0, slots)[:, : self.k]
+        if self.device.type == "cpu":  # a few numbers: masked on host lists, not with four tensor ops
+            host = [row[:n] + [-1] * (self.k - n) for row, n in zip(draft_ids.tolist(), num_valid)]
+            draft_ids = torch.tensor(host, dtype=torch.int64)
+        else:
+            keep = torch.arange(self.k, device=self.device) < torch.tensor(num_valid, device=self.device).unsqueeze(1)
+            draft_ids = torch.where(keep, draft_ids, torch.full_like(draft_ids, -1))
         res = self.rejection_sampler(rows_logits, meta, draft_ids, [p.num_slots for p in plans])
         return res.output_token_ids, res.logprobs, num_valid, num_invalid
 
