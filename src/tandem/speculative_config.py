@@ -10,7 +10,7 @@ from typing import Any
 
 from tandem import vllm_args
 
-_DRAFT_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+_DRAFT_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "q8_0")
 _SPEC_METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp")
 SPEC_POLICIES = ("adaptive", "fixed")
 MAX_SPECULATIVE_TOKENS = 32  # a sanity bound; suffix decoding's default (its tree depth, as vLLM's) is 24
@@ -83,8 +83,10 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = None
     # draft_model: the draft model's dtype (auto: the target's). eagle / eagle3 / mtp: the head's own
     # matrices ("int8": the decoder layer's and an own LM head weight-only int8 with a scale per output
-    # feature, the input fusion bf16; "bfloat16"; auto: int8 under a float32 target on the native CPU
-    # kernels, else the target's dtype).
+    # feature, the input fusion bf16; "q8_0": the same matrices in GGUF Q8_0 blocks (a scale per 32
+    # weights), multiplied by the target's block kernels with its activations; "bfloat16"; auto: q8_0 under
+    # a GGUF target whose products take int8 activations (VNNI), int8 under another float32 target on the
+    # native CPU kernels, else the target's dtype).
     draft_dtype: str | None = None
     eagle3_layer_ids: tuple[int, ...] | None = None
     # How many drafts each request verifies per step (core/spec_policy.py): "adaptive" chooses 0 ..
@@ -143,10 +145,10 @@ class SpeculativeConfig:
             self.tree.check(k)
         if self.draft_dtype is not None and self.draft_dtype not in _DRAFT_DTYPES:
             raise ValueError(f"speculative_config.draft_dtype must be one of {_DRAFT_DTYPES}")
-        if self.draft_dtype == "int8" and self.method not in ("eagle", "eagle3", "mtp"):
+        if self.draft_dtype in ("int8", "q8_0") and self.method not in ("eagle", "eagle3", "mtp"):
             raise ValueError(
-                "speculative_config.draft_dtype 'int8' (weight-only, a draft head's matrices) applies to "
-                f"methods eagle, eagle3 and mtp, not {self.method!r}"
+                f"speculative_config.draft_dtype {self.draft_dtype!r} (weight-only, a draft head's matrices) "
+                f"applies to methods eagle, eagle3 and mtp, not {self.method!r}"
             )
 
     @property

@@ -45,11 +45,11 @@ def _proposer(targets: dict[str, Any], method: str, draft_dtype: str) -> DraftHe
     return p
 
 
-@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16", "int8", "q8_0"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
 def test_native_layer_equals_torch_layer(targets: dict[str, Any], method: str, draft_dtype: str) -> None:
     p = _proposer(targets, method, draft_dtype)
-    assert p.native is not None and p.head.weight_dtype == getattr(torch, draft_dtype)
+    assert p.native is not None and p.head.weight_dtype == getattr(torch, draft_dtype.replace("q8_0", "int8"))
     gen = torch.Generator().manual_seed(0)
     k_cache, v_cache = p.kv_cache.k[0], p.kv_cache.v[0]
     k_cache.copy_(torch.randn(k_cache.shape, generator=gen))
@@ -73,8 +73,9 @@ def test_native_layer_equals_torch_layer(targets: dict[str, Any], method: str, d
     # bf16 weights: the native layer folds the post-attention gain into a bf16 copy of gate/up (one more
     # rounding of those weights than the torch layer, which scales the activations), so the outputs agree to
     # bf16's precision; the K/V come from the same q/k/v weights in both and agree to float32's. int8: the
-    # folded gate/up is quantized afresh (its own int8 rounding, up to half a step of its scale).
-    tol = {"float32": 1e-5, "bfloat16": 3e-2, "int8": 6e-2}[draft_dtype]
+    # folded gate/up is quantized afresh (its own int8 rounding, up to half a step of its scale). q8_0: the
+    # blocks take the gain on their input (no second rounding): the same products, float32 roundings apart.
+    tol = {"float32": 1e-5, "bfloat16": 3e-2, "int8": 6e-2, "q8_0": 1e-4}[draft_dtype]
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
     torch.testing.assert_close(k_cache, k_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(v_cache, v_ref, rtol=1e-5, atol=1e-6)
@@ -93,7 +94,7 @@ def test_bf16_weights_are_a_rounding_of_the_float32_head(targets: dict[str, Any]
     assert bf.head.lm_head.dtype == torch.bfloat16  # the head's own draft LM head
 
 
-@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("draft_dtype", ["float32", "bfloat16", "int8", "q8_0"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
 def test_native_input_fusion_and_drafts_equal_the_heads(targets: dict[str, Any], method: str, draft_dtype: str) -> None:
     """EAGLE-3's input norms in one call, and the drafts' last steps (final norm, draft LM head, argmax, the
@@ -202,3 +203,26 @@ def test_int8_weights_quantize_the_layer_and_keep_the_fusion_in_bf16(targets: di
     batch.attn_metadata = q8.backend.build_metadata(batch, BS)
     h = q8._head(batch.input_ids, torch.randn(4, H), batch.positions, batch.attn_metadata)
     assert torch.isfinite(h).all() and q8.head.draft_tokens(h).shape == (4,)
+
+
+def test_q8_0_puts_the_layer_in_gguf_blocks(targets: dict[str, Any]) -> None:
+    """``draft_dtype`` q8_0: the decoder layer's matrices (and the head's own LM head) in interleaved Q8_0
+    blocks, each weight within half a step of its block's scale of the float32 head's; a matrix whose input
+    width is not a multiple of 32 (the tiny head's down projection, 48 wide) stays per-feature int8; ``fc``
+    in blocks too. ``auto`` under a target without blocks stays per-feature int8."""
+    from gguf.quants import dequantize, quantize
+
+    from tandem.model.block_quant import BlockQuantWeight
+    from tandem.model.quant import Int8Weight
+
+    f32, q8 = _proposer(targets, "eagle3", "float32"), _proposer(targets, "eagle3", "q8_0")
+    for name in ("qkv", "o_proj", "gate_up", "fc"):
+        w32, wq = getattr(f32.head, name), getattr(q8.head, name)
+        assert isinstance(wq, BlockQuantWeight) and wq.layouts == ("Q8_0x16",), name
+        want = dequantize(quantize(w32.float().numpy(), wq.parts[0].qtype), wq.parts[0].qtype)
+        assert torch.equal(wq.dequantize(), torch.from_numpy(want)), name  # gguf-py's rounding, bit for bit
+    assert isinstance(q8.head.down, Int8Weight)
+    assert isinstance(q8.head.lm_head, BlockQuantWeight) and isinstance(q8.head.fc, BlockQuantWeight)
+    assert q8.native is not None and q8.native.fast_tokens
+    auto = _proposer(targets, "eagle3", "auto")
+    assert isinstance(auto.head.qkv, Int8Weight) and isinstance(auto.head.lm_head, Int8Weight)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
 
 from tandem.model import block_repack
 from tandem.model.quant import Int8Weight
@@ -135,6 +136,16 @@ class BlockQuantWeight:
             )
         data = torch.from_numpy(flat.reshape(out, rb).copy())
         return cls((BlockPart(int(qtype), data),), inp, None, name)
+
+    @classmethod
+    def quantize_q8_0(cls, weight: torch.Tensor, name: str = "", activations: str = "float32") -> BlockQuantWeight:
+        """A float matrix ``[out, in]`` (``in`` a multiple of 32) rounded to GGUF Q8_0 blocks by gguf-py
+        (a scale per 32 weights), interleaved for the native kernels, multiplying ``activations``."""
+        w = weight.detach().to("cpu", torch.float32).contiguous()
+        if w.dim() != 2 or w.shape[1] % 32:
+            raise ValueError(f"tensor {name!r}: Q8_0 takes [out, in] with in a multiple of 32, got {tuple(w.shape)}")
+        raw = gguf_quantize(w.numpy(), GGMLQuantizationType.Q8_0)
+        return cls.from_raw(raw, QType.Q8_0, tuple(w.shape), name).repacked().with_activations(activations)
 
     @staticmethod
     def stack(weights: Sequence[BlockQuantWeight], name: str = "") -> BlockQuantWeight:

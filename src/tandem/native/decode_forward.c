@@ -289,12 +289,12 @@ void tandem_head_rms_pair(const float *a, const float *b, int64_t rows, int64_t 
 
 /* A draft head's greedy drafts (DraftHead.draft_tokens): each row of h [rows, hidden] (float32) through the
  * final norm (norm_w, or NULL where the head has none), the draft LM head (lm_w [vd, hidden] in wdt, gemv.h;
- * int8 with lm_scale [vd]) and the argmax (the first maximal logit; drafts only propose, so a NaN logit, which
+ * int8 with lm_scale [vd]; or GGUF blocks, quant.h's descriptor lm_desc, where that is not NULL) and the argmax (the first maximal logit; drafts only propose, so a NaN logit, which
  * the fast-math build does not look for, can cost acceptance and nothing else), mapped to a target id by draft_map [vd] (NULL: the identity) into out_ids [rows]. logits_out
  * [rows, vd]: the logits too, or NULL. Returns 0, -1 for rows outside 1..GEMV_MAX_ROWS, -2 when out of memory. */
 int tandem_head_tokens(const float *h, int64_t rows, int64_t hidden, const float *norm_w, float eps,
-                       const void *lm_w, const float *lm_scale, int wdt, int64_t vd, const int64_t *draft_map,
-                       int64_t *out_ids, float *logits_out, int num_threads) {
+                       const void *lm_w, const float *lm_scale, int wdt, const int64_t *lm_desc, int64_t vd,
+                       const int64_t *draft_map, int64_t *out_ids, float *logits_out, int num_threads) {
     if (rows < 1 || rows > GEMV_MAX_ROWS) return -1;
     float *xn = malloc((size_t)(rows * hidden) * sizeof(float));
     float *logits = logits_out ? logits_out : malloc((size_t)(rows * vd) * sizeof(float));
@@ -306,7 +306,8 @@ int tandem_head_tokens(const float *h, int64_t rows, int64_t hidden, const float
             else
                 memcpy(xn + r * hidden, h + r * hidden, (size_t)hidden * sizeof(float));
         }
-        rc = gemv_rows(xn, rows, hidden, lm_w, lm_scale, vd, wdt, logits, vd, num_threads);
+        rc = lm_desc ? q_gemv(lm_desc, xn, rows, logits, vd, num_threads)
+                     : gemv_rows(xn, rows, hidden, lm_w, lm_scale, vd, wdt, logits, vd, num_threads);
     }
     for (int64_t r = 0; rc == 0 && r < rows; r++) {
         const float *l = logits + r * vd;

@@ -94,8 +94,8 @@ class DecodeForwardKernel:
         self._head_fn.argtypes = _HEAD_ARGS
         self._head_fn.restype = ctypes.c_int
         self._tokens_fn = lib.tandem_head_tokens
-        self._tokens_fn.argtypes = [_ptr, _i64, _i64, _ptr, _f32, _ptr, _ptr, ctypes.c_int, _i64, _ptr, _ptr, _ptr,
-                                    ctypes.c_int]
+        self._tokens_fn.argtypes = [_ptr, _i64, _i64, _ptr, _f32, _ptr, _ptr, ctypes.c_int, _ptr, _i64, _ptr, _ptr,
+                                    _ptr, ctypes.c_int]
         self._tokens_fn.restype = ctypes.c_int
         self._pair_fn = lib.tandem_head_rms_pair
         self._pair_fn.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _f32, _ptr]
@@ -309,29 +309,42 @@ class DecodeForwardKernel:
         self._pair_fn(a.data_ptr(), b.data_ptr(), rows, hidden, wa.data_ptr(), wb.data_ptr(), eps, out.data_ptr())
         return out
 
-    def head_tokens(self, h: torch.Tensor, norm: torch.Tensor | None, eps: float, lm_head: torch.Tensor | Int8Weight,
-                    draft_map: torch.Tensor | None, logits: torch.Tensor | None = None) -> torch.Tensor:
+    def head_tokens(self, h: torch.Tensor, norm: torch.Tensor | None, eps: float,
+                    lm_head: torch.Tensor | Int8Weight | BlockQuantWeight, draft_map: torch.Tensor | None,
+                    logits: torch.Tensor | None = None) -> torch.Tensor:
         """A draft head's greedy drafts ``[rows]`` (target ids) from its outputs ``h`` ``[rows, hidden]``
-        (float32): the final ``norm`` (or none), the draft LM head ``[vd, hidden]`` (float32, bf16 or
-        :class:`Int8Weight`), the first maximal logit, ``draft_map``. ``logits`` ``[rows, vd]``: filled too."""
+        (float32): the final ``norm`` (or none), the draft LM head ``[vd, hidden]`` (float32, bf16,
+        :class:`Int8Weight` or GGUF blocks), the first maximal logit, ``draft_map``. ``logits`` ``[rows, vd]``:
+        filled too."""
         rows, hidden = h.shape[0], h.shape[-1]
         check_dense(h, (rows, hidden), torch.float32, "h")
         if norm is not None:
             check_dense(norm, (hidden,), torch.float32, "norm")
-        int8 = isinstance(lm_head, Int8Weight)
-        w = lm_head.q if int8 else lm_head
-        vd = w.shape[0]
-        check_dense(w, (vd, hidden), w.dtype, "lm_head")
-        if w.dtype not in W_DTYPES or (w.dtype == torch.int8) != int8:
-            raise ValueError(f"native head tokens: an LM head of {w.dtype}")
+        int8, blocks = isinstance(lm_head, Int8Weight), isinstance(lm_head, BlockQuantWeight)
+        desc = None
+        if blocks:
+            from tandem.native.quant_linear import quant_linear_kernel
+
+            qk = quant_linear_kernel()
+            if qk is None or not qk.supports(lm_head) or lm_head.in_features != hidden:
+                raise ValueError(f"native head tokens: an LM head of {lm_head.layouts} over {lm_head.in_features}")
+            desc, w = lm_head.descriptor, None
+            vd = lm_head.shape[0]
+        else:
+            w = lm_head.q if int8 else lm_head
+            vd = w.shape[0]
+            check_dense(w, (vd, hidden), w.dtype, "lm_head")
+            if w.dtype not in W_DTYPES or (w.dtype == torch.int8) != int8:
+                raise ValueError(f"native head tokens: an LM head of {w.dtype}")
         if draft_map is not None:
             check_dense(draft_map, (vd,), torch.int64, "draft_map")
         if logits is not None:
             check_dense(logits, (rows, vd), torch.float32, "logits")
         out = torch.empty(rows, dtype=torch.int64)
         rc = self._tokens_fn(
-            h.data_ptr(), rows, hidden, None if norm is None else norm.data_ptr(), eps, w.data_ptr(),
-            lm_head.scale.data_ptr() if int8 else None, W_DTYPES[w.dtype], vd,
+            h.data_ptr(), rows, hidden, None if norm is None else norm.data_ptr(), eps,
+            None if w is None else w.data_ptr(), lm_head.scale.data_ptr() if int8 else None,
+            0 if w is None else W_DTYPES[w.dtype], None if desc is None else desc.data_ptr(), vd,
             None if draft_map is None else draft_map.data_ptr(), out.data_ptr(),
             None if logits is None else logits.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip

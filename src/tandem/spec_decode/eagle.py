@@ -116,15 +116,15 @@ def head_weight_dtype(config: SpeculativeConfig, target: CausalLM) -> torch.dtyp
     the bytes they stream, and drafts only propose (the target verifies every token exactly), so fewer
     bytes cost at most a little acceptance (measured, BENCHMARKS.md section 7: mean acceptance length on
     HumanEval eagle 1.96 -> 1.95, eagle3 2.02 -> 2.01, mtp 2.07 -> 2.07 against bf16, decode 1-2 % faster)
-    — else the target's dtype. An explicit dtype must be the target's, or bf16 / int8 under a float32
-    target with those kernels."""
+    — else the target's dtype. An explicit dtype must be the target's, or bf16 / int8 / q8_0 under a
+    float32 target with those kernels. Whether int8 matrices go into Q8_0 blocks: :func:`head_q8_activations`."""
     from tandem.worker.worker import DTYPES  # the dtype names (as draft_model reads them)
 
     want = config.draft_dtype
     mixed = target.dtype == torch.float32 and getattr(target.linear, "mixed_bf16", False)
     if want in (None, "auto"):
         return torch.int8 if mixed else target.dtype
-    dtype = torch.int8 if want == "int8" else DTYPES[want]
+    dtype = torch.int8 if want in ("int8", "q8_0") else DTYPES[want]
     if dtype == target.dtype or (dtype in (torch.bfloat16, torch.int8) and mixed):
         return dtype
     raise ValueError(
@@ -132,6 +132,23 @@ def head_weight_dtype(config: SpeculativeConfig, target: CausalLM) -> torch.dtyp
         f"the target's dtype ({target.dtype}), or bfloat16 or int8 under a float32 target on the native "
         "CPU kernels"
     )
+
+
+def head_q8_activations(config: SpeculativeConfig, target: CausalLM, wdtype: torch.dtype) -> str | None:
+    """Where a head's int8 matrices go into GGUF Q8_0 blocks, the activations their products take (the
+    target's ``quant_activations``), else ``None`` (a scale per output feature, :class:`Int8Weight`).
+
+    ``q8_0`` asked: always (the target's activations where it has blocks, else float32). ``auto``: where the
+    target's own products take int8 activations (a GGUF target on a CPU with VNNI): the interleaved kernels
+    then run a pass of 1-12 rows 2.5-4x faster than the per-feature int8 product (BENCHMARKS.md section 7),
+    with a finer scale (one per 32 weights)."""
+    if wdtype != torch.int8 or config.draft_dtype not in (None, "auto", "q8_0"):
+        return None
+    qkv = target.layers[0].qkv if target.num_layers else None
+    acts = qkv.activations if isinstance(qkv, BlockQuantWeight) and qkv.all_interleaved else None
+    if config.draft_dtype == "q8_0":
+        return acts or "float32"
+    return acts if acts in ("int8", "int8x2") else None
 
 
 class DraftHeadProposer(Proposer):
@@ -184,12 +201,16 @@ class DraftHeadProposer(Proposer):
             cfg, tensors, target, share_always=cfg.method == "mtp", target_vocab=full
         )
         wdtype = head_weight_dtype(config, target)
+        q8 = head_q8_activations(config, target, wdtype)
         if wdtype != target.dtype and not _shares_storage(lm_head, target.lm_head):
             # the head's own (or gathered) rows; a shared view stays shared
-            lm_head = Int8Weight.quantize(lm_head) if wdtype == torch.int8 else lm_head.to(wdtype)
+            if q8 is not None and lm_head.shape[1] % 32 == 0:
+                lm_head = BlockQuantWeight.quantize_q8_0(lm_head, "lm_head", q8)
+            else:
+                lm_head = Int8Weight.quantize(lm_head) if wdtype == torch.int8 else lm_head.to(wdtype)
         head = DraftHead(
             cfg, tensors, embed=embed, lm_head=lm_head, draft_map=draft_map, dtype=target.dtype,
-            device=target.device, linear=target.linear, weight_dtype=wdtype,
+            device=target.device, linear=target.linear, weight_dtype=wdtype, q8_activations=q8,
         )
         kv = KVCache.allocate(
             1, num_kv_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim, target.dtype, target.device
@@ -198,7 +219,8 @@ class DraftHeadProposer(Proposer):
         proposer = cls(config.num_speculative_tokens, head, kv, target.attn_backend, aux)
         log.info(
             "%s head: weights %s (draft_dtype %s), draft vocabulary %d%s, native layer %s", cfg.method,
-            str(wdtype).removeprefix("torch."), config.draft_dtype or "auto", cfg.draft_vocab_size,
+            f"q8_0 ({q8} activations)" if q8 else str(wdtype).removeprefix("torch."), config.draft_dtype or "auto",
+            cfg.draft_vocab_size,
             " (mapped)" if draft_map is not None else "", proposer.native is not None,
         )
         return proposer

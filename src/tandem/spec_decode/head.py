@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.model.block_quant import embedding
+from tandem.model.block_quant import BlockQuantWeight, embedding
 from tandem.model.linear import LinearKernels, create_linear_kernels
 from tandem.model.quant import Int8Weight
 from tandem.model.rope import (
@@ -63,6 +63,7 @@ class DraftHead(nn.Module):
         trainable: bool = False,
         linear: LinearKernels | None = None,
         weight_dtype: torch.dtype | None = None,
+        q8_activations: str | None = None,
     ) -> None:
         """``tensors``: canonical names, HF layout (see eagle_checkpoint). ``embed`` [V, H] and
         ``lm_head`` [Vd, H] are used as given (pass the target's tensors, or views of them, to share).
@@ -70,7 +71,13 @@ class DraftHead(nn.Module):
         the head's own matrices (fc, attention, MLP; default ``dtype``) — bf16 under a float32 target
         halves the bytes a draft pass streams, int8 (:class:`Int8Weight`, a scale per output feature;
         the matrices of :data:`INT8_MATRICES`, the rest bf16) quarters them; activations, norms and the KV stay in ``dtype``, and ``linear`` must accept the
-        mixed product (:attr:`LinearKernels.mixed_bf16`). int8 heads are for inference only."""
+        mixed product (:attr:`LinearKernels.mixed_bf16`). int8 heads are for inference only.
+        ``q8_activations`` (with int8): those matrices in GGUF Q8_0 blocks instead (a scale per 32 weights,
+        :meth:`BlockQuantWeight.quantize_q8_0`), multiplied by the block kernels with these activations (the
+        target's ``quant_activations``): the interleaved VNNI kernels take a few rows at a fraction of the
+        per-feature int8 product's time; ``fc`` too (a scale per 32 weights keeps the fusion's acceptance,
+        where one per output feature lost some: BENCHMARKS.md section 7); a matrix whose input width is not
+        a multiple of 32 stays per-feature int8 (``fc``: bf16)."""
         super().__init__()
         self.cfg = cfg
         self.linear = linear or create_linear_kernels("torch")
@@ -90,10 +97,14 @@ class DraftHead(nn.Module):
         def p(t: torch.Tensor, as_dtype: torch.dtype = dtype) -> nn.Parameter:
             return nn.Parameter(t.to(device=device, dtype=as_dtype).contiguous().clone(), requires_grad=trainable)
 
-        def matrix(t: torch.Tensor, name: str) -> nn.Parameter | Int8Weight:
+        def matrix(t: torch.Tensor, name: str) -> nn.Parameter | Int8Weight | BlockQuantWeight:
             if wdtype != torch.int8:
                 return p(t, wdtype)
-            return Int8Weight.quantize(t.to(device)) if name in INT8_MATRICES else p(t, torch.bfloat16)
+            if q8_activations is not None and t.shape[1] % 32 == 0 and (name in INT8_MATRICES or name == "fc"):
+                return BlockQuantWeight.quantize_q8_0(t, name, q8_activations)
+            if name not in INT8_MATRICES:
+                return p(t, torch.bfloat16)
+            return Int8Weight.quantize(t.to(device))
 
         get = tensors.__getitem__
         q = interleave_heads(get("self_attn.q_proj.weight").float(), self.heads, hd)
@@ -140,7 +151,7 @@ class DraftHead(nn.Module):
     @property
     def weight_dtype(self) -> torch.dtype:
         ws = (self.fc, self.qkv, self.o_proj, self.gate_up, self.down)
-        return torch.int8 if any(isinstance(w, Int8Weight) for w in ws) else self.qkv.dtype
+        return torch.int8 if any(isinstance(w, (Int8Weight, BlockQuantWeight)) for w in ws) else self.qkv.dtype
 
     # -- pieces ------------------------------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

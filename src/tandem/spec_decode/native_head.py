@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
-from tandem.model.block_quant import embedding
+from tandem.model.block_quant import BlockQuantWeight, embedding
 from tandem.model.forward_batch import KVCache
 from tandem.model.linear import NATIVE_FEW_ROWS
 from tandem.model.native_decode import native_decode_enabled
@@ -56,14 +56,16 @@ class NativeHeadLayer:
         )
         with torch.no_grad():
             gain = head.post_norm.float() * hidden**0.5
-            if isinstance(head.gate_up, Int8Weight):
+            if isinstance(head.gate_up, BlockQuantWeight):  # the blocks take the gain on their input: exact
+                self.gate_up: torch.Tensor | Int8Weight | BlockQuantWeight = head.gate_up.with_gain(gain.contiguous())
+            elif isinstance(head.gate_up, Int8Weight):
                 assert head.gate_up_source is not None
-                self.gate_up: torch.Tensor | Int8Weight = Int8Weight.quantize(head.gate_up_source * gain)
+                self.gate_up = Int8Weight.quantize(head.gate_up_source * gain)
             else:
                 self.gate_up = (head.gate_up.float() * gain).to(head.gate_up.dtype).contiguous()
 
-        def weight(w: torch.Tensor | Int8Weight) -> torch.Tensor | Int8Weight:
-            return w if isinstance(w, Int8Weight) else w.detach()
+        def weight(w: torch.Tensor | Int8Weight | BlockQuantWeight) -> torch.Tensor | Int8Weight | BlockQuantWeight:
+            return w if isinstance(w, (Int8Weight, BlockQuantWeight)) else w.detach()
 
         layer = {
             "qkv": weight(head.qkv), "qkv_bias": None, "qk_norm": None, "o_proj": weight(head.o_proj),
@@ -80,7 +82,8 @@ class NativeHeadLayer:
         )
         lm = head.lm_head
         self.fast_tokens = head.dtype == torch.float32 and (head.norm is None or head.norm.dtype == torch.float32) and (
-            isinstance(lm, Int8Weight) or (isinstance(lm, torch.Tensor) and lm.dtype in DTYPES and lm.is_contiguous())
+            isinstance(lm, (Int8Weight, BlockQuantWeight))
+            or (isinstance(lm, torch.Tensor) and lm.dtype in DTYPES and lm.is_contiguous())
         )
         self.table = kernel.layer_table(
             self.shape, [layer], kv_cache.k, kv_cache.v, in_width=head.qkv.shape[1]
