@@ -56,8 +56,9 @@ def spec(arm: str, k: int, draft_dtype: str | None = None, tree: str | None = No
 
 def _arm(value: str) -> str:
     method, _, dtype = value.partition(":")
-    if method not in EQUALITY_METHODS or dtype not in ("", "auto", "float32", "bfloat16", "int8"):
-        raise argparse.ArgumentTypeError(f"{value!r}: a method of {METHODS}, optionally :auto|float32|bfloat16|int8")
+    if method not in EQUALITY_METHODS or dtype not in ("", "auto", "float32", "bfloat16", "int8", "q8_0"):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: a method of {METHODS}, optionally :auto|float32|bfloat16|int8|q8_0")
     return value
 
 
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subset", type=int, default=10, help="speed: also report the first N prompts")
     p.add_argument("--async-on", action="store_true", help="speed mode: async scheduling on")
     p.add_argument("--tie-eps", type=float, default=1e-3)
-    p.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16", "int8"],
+    p.add_argument("--draft-dtype", default=None, choices=["auto", "float32", "bfloat16", "int8", "q8_0"],
                    help="speculative_config.draft_dtype of the heads (default: auto)")
     p.add_argument("--tree", default=None, metavar="TOP_K,MAX_NODES",
                    help="draft trees for the eagle / eagle3 / mtp arms (speculative_config.tree)")

@@ -98,3 +98,26 @@ def test_the_planned_native_decode_rows_are_the_built_stacks(clean_env: pytest.M
         assert llm.engine_plan.native_decode_rows == 0
     finally:
         llm.shutdown()
+
+
+def test_the_planned_draft_weights_are_the_built_heads(clean_env: pytest.MonkeyPatch) -> None:
+    """``tandem config``'s ``draft_weights`` (from the plan, before loading) is what the proposer builds: the
+    shipped EAGLE-3 head on the default GGUF model in Q8_0 blocks where the target's products take int8
+    activations (the default with VNNI), per-feature int8 where they take float32; an explicit dtype as asked."""
+    from tandem.model.block_quant import BlockQuantWeight
+    from tandem.model.quant import Int8Weight
+
+    built = {"q8_0": BlockQuantWeight, "int8": Int8Weight}
+    for acts, draft_dtype in ((None, None), ("float32", None), (None, "int8")):
+        spec = {"method": "eagle3", "num_speculative_tokens": 2, "draft_dtype": draft_dtype}
+        llm = LLM(max_model_len=128, kv_cache_memory=32 << 20, quant_activations=acts, speculative_config=spec)
+        try:
+            plan = llm.engine_plan.draft_weights()
+            head = llm.engine.core.executor.runner.proposer.head
+            assert plan is not None and isinstance(head.qkv, built[str(plan["resolved"])]), (acts, draft_dtype, plan)
+            if acts == "float32" or draft_dtype == "int8":
+                assert plan["resolved"] == "int8"
+            if plan["resolved"] == "q8_0":
+                assert head.qkv.activations == plan["activations"] == llm.engine_plan.quantization.activations
+        finally:
+            llm.shutdown()

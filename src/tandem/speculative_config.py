@@ -39,6 +39,24 @@ def tree_expansions(top_k: int, depth: int, max_nodes: int) -> tuple[int, ...]:
     return tuple(min(top_k, max_nodes - d) for d in range(1, depth))
 
 
+HEAD_METHODS = ("eagle", "eagle3", "mtp")  # the methods whose drafter is a head with its own matrices
+
+
+def resolve_draft_weights(draft_dtype: str | None, mixed: bool, block_activations: str | None) -> str:
+    """What a draft head's matrices become (``draft_dtype``; the one rule ``spec_decode/eagle.py`` builds by and
+    ``tandem config`` shows): ``"q8_0"`` (GGUF Q8_0 blocks run by the block kernels), ``"int8"`` (a scale per
+    output feature), ``"target"`` (the target's dtype) or the explicit dtype asked. ``mixed``: whether the
+    target is float32 on the native CPU kernels that take lower-precision weights; ``block_activations``: what
+    the target's interleaved GGUF products quantize their inputs to (None: no such products).
+    ``auto``: q8_0 where those products take int8 activations (VNNI), else int8 where ``mixed``, else the target's."""
+    want = draft_dtype or "auto"
+    if want != "auto":
+        return want
+    if not mixed:
+        return "target"
+    return "q8_0" if block_activations in ("int8", "int8x2") else "int8"
+
+
 @dataclass(frozen=True)
 class TreeConfig:
     """``speculative_config.tree``: draft trees instead of chains (EAGLE-2's dynamic trees, methods eagle,

@@ -35,6 +35,7 @@ from tandem.model.model_args import ModelArgs
 from tandem.model.parallel import ShardPlan
 from tandem.quantization import QuantizationDecision, resolve_activations, resolve_quantization
 from tandem.spec_decode.factory import get_proposer_class
+from tandem.speculative_config import HEAD_METHODS, resolve_draft_weights
 from tandem.trace.tracer import NULL_TRACER, Tracer
 from tandem.worker.worker import WorkerSpec
 
@@ -60,6 +61,21 @@ class EnginePlan:
     # torch layers, several times dearer a row; the speculation policy keeps its drafts within it.
     native_decode_rows: int = 0
 
+    def draft_weights(self) -> dict[str, object] | None:
+        """A draft head's matrices (``speculative_config.draft_dtype``, resolved by the rule the proposer
+        builds by); None without a head."""
+        spec = self.config.speculative
+        if spec is None or spec.method not in HEAD_METHODS:
+            return None
+        native = self.execution is not None and self.execution.linear_kernels == "native"
+        mixed = self.config.model.resolved_dtype() == "float32" and native
+        acts = self.quantization.activations if self.quantization.keep_quantized else None
+        resolved = resolve_draft_weights(spec.draft_dtype, mixed, acts)
+        out: dict[str, object] = {"requested": spec.draft_dtype or "auto", "resolved": resolved}
+        if resolved == "q8_0":
+            out["activations"] = acts or "float32"
+        return out
+
     def as_dict(self) -> dict[str, object]:
         return {
             "model": self.config.model.model,
@@ -76,6 +92,7 @@ class EnginePlan:
             "speculative_config": (
                 None if self.config.speculative is None else asdict(self.config.speculative)
             ),
+            "draft_weights": self.draft_weights(),
             "async_scheduling": self.decision.as_dict(),
             "num_kv_blocks": self.num_kv_blocks,
             "block_size": self.config.cache.block_size,

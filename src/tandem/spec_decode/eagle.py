@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import torch
 
 from tandem.config import SpeculativeConfig
+from tandem.speculative_config import resolve_draft_weights
 from tandem.model.attention import AttentionBackend
 from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.forward_batch import ForwardBatch, KVCache
@@ -142,13 +143,12 @@ def head_q8_activations(config: SpeculativeConfig, target: CausalLM, wdtype: tor
     target's own products take int8 activations (a GGUF target on a CPU with VNNI): the interleaved kernels
     then run a pass of 1-12 rows 2.5-4x faster than the per-feature int8 product (BENCHMARKS.md section 7),
     with a finer scale (one per 32 weights)."""
-    if wdtype != torch.int8 or config.draft_dtype not in (None, "auto", "q8_0"):
-        return None
     qkv = target.layers[0].qkv if target.num_layers else None
     acts = qkv.activations if isinstance(qkv, BlockQuantWeight) and qkv.all_interleaved else None
-    if config.draft_dtype == "q8_0":
-        return acts or "float32"
-    return acts if acts in ("int8", "int8x2") else None
+    mixed = target.dtype == torch.float32 and getattr(target.linear, "mixed_bf16", False)
+    if wdtype != torch.int8 or resolve_draft_weights(config.draft_dtype, mixed, acts) != "q8_0":
+        return None
+    return acts or "float32"
 
 
 class DraftHeadProposer(Proposer):
