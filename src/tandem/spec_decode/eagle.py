@@ -33,7 +33,6 @@ from typing import Any, ClassVar
 import torch
 
 from tandem.config import SpeculativeConfig
-from tandem.speculative_config import resolve_draft_weights
 from tandem.model.attention import AttentionBackend
 from tandem.model.block_quant import BlockQuantWeight
 from tandem.model.forward_batch import ForwardBatch, KVCache
@@ -45,6 +44,7 @@ from tandem.spec_decode.eagle_checkpoint import HeadConfig, check_against_target
 from tandem.spec_decode.head import Attend, DraftHead
 from tandem.spec_decode.native_head import NativeHeadLayer
 from tandem.spec_decode.proposer import ProposeInput, Proposer
+from tandem.speculative_config import resolve_draft_weights
 
 log = logging.getLogger(__name__)
 
