@@ -7,6 +7,7 @@ step over no-spec. This is the breakdown that says which part of a verify step c
 forward, the proposer, the rejection sampler).
 
     python benchmarks/spec_step_spans.py --json benchmarks/results/spec_step_spans.json
+    python benchmarks/spec_step_spans.py --methods none eagle3 --k 2 --policy fixed   # every step drafts 2
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", nargs="+", default=["none", "eagle", "eagle3", "mtp"])
     p.add_argument("--prompts", type=int, default=4, help="HumanEval prompts 2.. (2 + N)")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
+    p.add_argument("--policy", default=None, choices=["adaptive", "fixed"],
+                   help="speculative_config.policy (default: adaptive; fixed drafts k every step)")
     p.add_argument("--json", default=None)
     ns = p.parse_args(argv)
     prompts = humaneval(2 + ns.prompts)[2:]
@@ -66,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for m in tqdm(ns.methods, desc="arms"):
             trace = Path(tmp) / f"{m}.json"
-            spec = None if m == "none" else {"method": m, "num_speculative_tokens": 3}
+            spec = None if m == "none" else {"method": m, "num_speculative_tokens": ns.k}
+            if spec is not None and ns.policy:
+                spec["policy"] = ns.policy
             llm = LLM(max_num_seqs=1, async_scheduling=False, speculative_config=spec, max_model_len=2048,
                       num_kv_blocks=160, trace_file=str(trace))
             llm.generate(prompts, params, use_tqdm=False)  # one call (the trace holds the last); one at a time
