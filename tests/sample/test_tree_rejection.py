@@ -16,6 +16,7 @@ import torch
 from tandem.sample import make_generator, rejection_sample
 from tandem.sample.tree_rejection import (
     greedy_tree_verify,
+    greedy_tree_verify_rows,
     tree_depths,
     tree_rejection_sample,
 )
@@ -76,6 +77,22 @@ def test_greedy_equals_a_reference_walk_on_random_trees() -> None:
         for row, (d, parent), want_t in zip(out.output_token_ids.tolist(), batch, target):
             want = _reference_greedy(want_t, d, parent)
             assert row[: len(want)] == want and all(x == -1 for x in row[len(want) :])
+
+
+def test_greedy_walk_on_host_lists_equals_the_tensor_walk() -> None:
+    """The CPU's host-list walk (``greedy_tree_verify_rows``) gives the tensor walk's verdict: paths, accepted
+    nodes and counts, on random trees with absent nodes and deep accepted branches."""
+    rng = random.Random(1)
+    for _ in range(300):
+        n, vocab = rng.randrange(1, 12), rng.choice([2, 3, 5])
+        batch = [_random_tree(rng, n, vocab) for _ in range(4)]
+        target = [[rng.randrange(vocab) for _ in range(n + 1)] for _ in batch]
+        d, parent = [b[0] for b in batch], [b[1] for b in batch]
+        depth = int(tree_depths(_t(parent)).max())
+        want = greedy_tree_verify(_t(target), _t(d), _t(parent), depth)
+        got = greedy_tree_verify_rows(target, d, parent, depth)
+        for a, b in zip(got, want):
+            assert a.tolist() == b.tolist()
 
 
 def test_depths() -> None:

@@ -67,6 +67,28 @@ def greedy_tree_verify(target_ids: torch.Tensor, draft_token_ids: torch.Tensor, 
                                                                             device=target_ids.device), max_depth)
 
 
+def greedy_tree_verify_rows(target_ids: Sequence[Sequence[int]], draft_token_ids: Sequence[Sequence[int]],
+                            parent: Sequence[Sequence[int]], max_depth: int) -> TreeVerdict:
+    """:func:`greedy_tree_verify` on host lists (``target_ids[b][c]`` the argmax of request b's row of node c,
+    the root 0; ``draft_token_ids`` / ``parent`` ``[B][N]``): on the CPU a verify's ids are a handful of
+    numbers, and the tensor walk costs a dozen small operations a node. The same walk (tested equal)."""
+    paths, nodes, nums = [], [], []
+    for tid, d, par in zip(target_ids, draft_token_ids, parent):
+        cur, path, on = 0, [], []
+        for i in range(1, len(d) + 1):
+            tok = d[i - 1]
+            if tok >= 0 and par[i - 1] == cur and tok == tid[cur]:
+                path.append(tok)
+                on.append(i)
+                cur = i
+        nums.append(len(path))
+        paths.append([*path, tid[cur], *[PLACEHOLDER] * (max_depth - len(path))])
+        nodes.append([*on, *[PLACEHOLDER] * (max_depth - len(on))])
+    i64 = torch.int64
+    return TreeVerdict(torch.tensor(paths, dtype=i64), torch.tensor(nodes, dtype=i64).view(len(nodes), max_depth),
+                       torch.tensor(nums, dtype=i64))
+
+
 def tree_rejection_sample(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,

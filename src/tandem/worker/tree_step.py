@@ -22,7 +22,12 @@ from tandem.native.tree_expand import tree_expand_kernel
 from tandem.sample.metadata import to_device
 from tandem.sample.rng import make_generator
 from tandem.sample.sampler import LogprobsTensors, compute_logprobs
-from tandem.sample.tree_rejection import TreeVerdict, greedy_tree_verify, tree_rejection_sample
+from tandem.sample.tree_rejection import (
+    TreeVerdict,
+    greedy_tree_verify,
+    greedy_tree_verify_rows,
+    tree_rejection_sample,
+)
 from tandem.spec_decode.eagle import DraftHeadProposer
 from tandem.spec_decode.tree_draft import DraftTree, TreeDrafter, TreeShape
 from tandem.spec_decode.tree_propose import propose_tree
@@ -83,6 +88,15 @@ def verify_trees(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata,
     starts = list(accumulate(counts, initial=0))[:-1]
     n = max(counts) - 1  # the nodes any request fed: N with a tree verify, a chain's k without one
     slots = torch.tensor([p.slot for p in plans], dtype=torch.int64, device=device)
+    if meta.all_greedy and device.type == "cpu":  # the walk on host lists (the same decisions as below)
+        ids = sampler.greedy_token_ids(logits, meta).tolist()
+        tables = torch.stack([ib.tree_parents.index_select(0, slots)[:, :n], ib.tree_depths.index_select(0, slots)[:, :n],
+                              ib.drafts.index_select(0, slots)[:, :n]]).tolist()
+        targets, tokens_l = [], []
+        for b, (p, s, c) in enumerate(zip(plans, starts, counts)):
+            targets.append([ids[s + min(j, c - 1)] for j in range(n + 1)])
+            tokens_l.append([t if dep <= p.num_slots else -1 for t, dep in zip(tables[2][b], tables[1][b])])
+        return greedy_tree_verify_rows(targets, tokens_l, tables[0], depth)
     last = torch.tensor(counts, dtype=torch.int64, device=device).unsqueeze(1) - 1
     index = torch.tensor(starts, dtype=torch.int64, device=device).unsqueeze(1) + torch.minimum(
         torch.arange(n + 1, device=device), last)  # [B, N + 1]: a request without a tree repeats its one row
