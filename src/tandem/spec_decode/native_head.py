@@ -118,8 +118,8 @@ class NativeHeadLayer:
 
     def draft_tokens(self, h: torch.Tensor) -> torch.Tensor:
         """:meth:`DraftHead.draft_tokens` in one native call (final norm, draft LM head, argmax, id map) where
-        the draft LM head is the head's own matrix (float32, bf16 or int8; the target's GGUF blocks, shared,
-        take the head's torch path), the rows float32 and at most the kernel's 64."""
+        the draft LM head is a float32, bf16 or int8 matrix or GGUF blocks (the head's own, or rows of the
+        target's, any gain they carry applied as the torch path applies it), the rows float32, at most 64."""
         head = self.head
         if not self.fast_tokens or h.dtype != torch.float32 or not 1 <= h.shape[0] <= 64:
             return head.draft_tokens(h)
