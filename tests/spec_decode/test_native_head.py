@@ -5,6 +5,7 @@ requests; and where it does not apply (prefill chunks) the proposer takes the to
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -124,6 +125,15 @@ def test_native_input_fusion_and_drafts_equal_the_heads(targets: dict[str, Any],
     clear = (top2[:, 0] - top2[:, 1]) > 1e-3
     assert clear.sum() >= 5
     assert torch.equal(toks[clear], p.head.draft_tokens(h)[clear])
+    # A tree level's candidates: the top 3 draft ids and their log-probabilities, against log_softmax + topk.
+    got = native.top_k(h, 3)
+    assert (got is None) == (not native.fast_tokens)
+    if got is not None:
+        want = torch.log_softmax(ref_logits, dim=-1).topk(3, dim=-1)
+        torch.testing.assert_close(got[0], want.values, rtol=1e-4, atol=1e-4)
+        top4 = ref_logits.topk(4, dim=1).values
+        apart = ((top4[:, :-1] - top4[:, 1:]) > 1e-3).all(dim=1)
+        assert apart.sum() >= 4 and torch.equal(got[1][apart], want.indices[apart])
 
 
 def test_native_head_tokens_checks_its_inputs(targets: dict[str, Any]) -> None:
@@ -136,6 +146,12 @@ def test_native_head_tokens_checks_its_inputs(targets: dict[str, Any]) -> None:
         kernel.head_tokens(torch.randn(65, H), head.norm, 1e-5, head.lm_head, head.draft_map)
     with pytest.raises(ValueError, match="draft_map"):
         kernel.head_tokens(torch.randn(2, H), head.norm, 1e-5, head.lm_head, head.draft_map[:3])
+    # Equal logits (a zero row): the lower draft ids first, each at -log(vd).
+    vd = head.lm_head.shape[0]
+    lp, ids = kernel.head_top_k(torch.zeros(1, H), head.norm, 1e-5, head.lm_head, 3)
+    assert ids.tolist() == [[0, 1, 2]] and torch.allclose(lp, torch.full((1, 3), -math.log(vd)))
+    with pytest.raises(ValueError, match="top 0"):
+        kernel.head_top_k(torch.zeros(1, H), head.norm, 1e-5, head.lm_head, 0)
     with pytest.raises(ValueError, match="wb"):
         kernel.head_rms_pair(torch.randn(2, H), torch.randn(2, H), torch.ones(H), torch.ones(H - 1), 1e-5)
 

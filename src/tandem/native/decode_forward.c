@@ -287,15 +287,22 @@ void tandem_head_rms_pair(const float *a, const float *b, int64_t rows, int64_t 
     }
 }
 
-/* A draft head's greedy drafts (DraftHead.draft_tokens): each row of h [rows, hidden] (float32) through the
- * final norm (norm_w, or NULL where the head has none), the draft LM head (lm_w [vd, hidden] in wdt, gemv.h;
- * int8 with lm_scale [vd]; or GGUF blocks, quant.h's descriptor lm_desc, where that is not NULL) and the argmax (the first maximal logit; drafts only propose, so a NaN logit, which
- * the fast-math build does not look for, can cost acceptance and nothing else), mapped to a target id by draft_map [vd] (NULL: the identity) into out_ids [rows]. logits_out
- * [rows, vd]: the logits too, or NULL. Returns 0, -1 for rows outside 1..GEMV_MAX_ROWS, -2 when out of memory. */
+/* A draft head's drafts from its outputs h [rows, hidden] (float32): each row through the final norm (norm_w,
+ * or NULL where the head has none) and the draft LM head (lm_w [vd, hidden] in wdt, gemv.h; int8 with lm_scale
+ * [vd]; or GGUF blocks, quant.h's descriptor lm_desc, where that is not NULL), then
+ * - out_lp NULL (DraftHead.draft_tokens): the first maximal logit, mapped to a target id by draft_map [vd]
+ *   (NULL: the identity), into out_ids [rows];
+ * - out_lp given (a draft tree's level, TreeDrafter): the top_k largest logits, best first (equal logits: the
+ *   lower id first), their draft ids (mapped where draft_map is given) into out_ids [rows, top_k] and their
+ *   log-probabilities (logit - log-sum-exp of the row) into out_lp [rows, top_k].
+ * Drafts only propose: a NaN logit, which the fast-math build does not look for, can cost acceptance and
+ * nothing else. logits_out [rows, vd]: the logits too, or NULL. Returns 0, -1 for rows outside
+ * 1..GEMV_MAX_ROWS or top_k outside 1..vd, -2 when out of memory. */
 int tandem_head_tokens(const float *h, int64_t rows, int64_t hidden, const float *norm_w, float eps,
                        const void *lm_w, const float *lm_scale, int wdt, const int64_t *lm_desc, int64_t vd,
-                       const int64_t *draft_map, int64_t *out_ids, float *logits_out, int num_threads) {
-    if (rows < 1 || rows > GEMV_MAX_ROWS) return -1;
+                       const int64_t *draft_map, int64_t top_k, int64_t *out_ids, float *out_lp,
+                       float *logits_out, int num_threads) {
+    if (rows < 1 || rows > GEMV_MAX_ROWS || top_k < 1 || top_k > vd) return -1;
     float *xn = malloc((size_t)(rows * hidden) * sizeof(float));
     float *logits = logits_out ? logits_out : malloc((size_t)(rows * vd) * sizeof(float));
     int rc = xn && logits ? 0 : -2;
@@ -311,10 +318,30 @@ int tandem_head_tokens(const float *h, int64_t rows, int64_t hidden, const float
     }
     for (int64_t r = 0; rc == 0 && r < rows; r++) {
         const float *l = logits + r * vd;
-        int64_t best = 0;
-        for (int64_t i = 1; i < vd; i++)
-            if (l[i] > l[best]) best = i;
-        out_ids[r] = draft_map ? draft_map[best] : best;
+        if (!out_lp) {
+            int64_t best = 0;
+            for (int64_t i = 1; i < vd; i++)
+                if (l[i] > l[best]) best = i;
+            out_ids[r] = draft_map ? draft_map[best] : best;
+            continue;
+        }
+        int64_t *ids = out_ids + r * top_k;
+        int64_t n = 0; /* ids[0 .. n): the best so far, best first; a later equal logit ranks after */
+        float top = l[0];
+        for (int64_t i = 0; i < vd; i++) {
+            top = l[i] > top ? l[i] : top;
+            if (n == top_k && !(l[i] > l[ids[n - 1]])) continue;
+            int64_t j = n < top_k ? n++ : top_k - 1;
+            while (j > 0 && l[i] > l[ids[j - 1]]) ids[j] = ids[j - 1], j--;
+            ids[j] = i;
+        }
+        double sum = 0.0;
+        for (int64_t i = 0; i < vd; i++) sum += exp((double)(l[i] - top));
+        const float lse = top + (float)log(sum);
+        for (int64_t j = 0; j < top_k; j++) {
+            out_lp[r * top_k + j] = l[ids[j]] - lse;
+            if (draft_map) ids[j] = draft_map[ids[j]];
+        }
     }
     free(xn);
     if (!logits_out) free(logits);

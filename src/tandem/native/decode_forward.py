@@ -94,8 +94,8 @@ class DecodeForwardKernel:
         self._head_fn.argtypes = _HEAD_ARGS
         self._head_fn.restype = ctypes.c_int
         self._tokens_fn = lib.tandem_head_tokens
-        self._tokens_fn.argtypes = [_ptr, _i64, _i64, _ptr, _f32, _ptr, _ptr, ctypes.c_int, _ptr, _i64, _ptr, _ptr,
-                                    _ptr, ctypes.c_int]
+        self._tokens_fn.argtypes = [_ptr, _i64, _i64, _ptr, _f32, _ptr, _ptr, ctypes.c_int, _ptr, _i64, _ptr, _i64,
+                                    _ptr, _ptr, _ptr, ctypes.c_int]
         self._tokens_fn.restype = ctypes.c_int
         self._pair_fn = lib.tandem_head_rms_pair
         self._pair_fn.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, _ptr, _f32, _ptr]
@@ -316,6 +316,24 @@ class DecodeForwardKernel:
         (float32): the final ``norm`` (or none), the draft LM head ``[vd, hidden]`` (float32, bf16,
         :class:`Int8Weight` or GGUF blocks), the first maximal logit, ``draft_map``. ``logits`` ``[rows, vd]``:
         filled too."""
+        out = torch.empty(h.shape[0], dtype=torch.int64)
+        self._lm_head_call(h, norm, eps, lm_head, draft_map, 1, out, None, logits)
+        return out
+
+    def head_top_k(self, h: torch.Tensor, norm: torch.Tensor | None, eps: float,
+                   lm_head: torch.Tensor | Int8Weight | BlockQuantWeight, k: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A draft tree level's candidates: the ``k`` most probable draft ids of each row of ``h`` (as
+        :meth:`head_tokens` computes the logits), best first, and their log-probabilities, each
+        ``[rows, k]`` (float32, int64 draft ids)."""
+        rows = h.shape[0]
+        lp, ids = torch.empty(rows, k), torch.empty(rows, k, dtype=torch.int64)
+        self._lm_head_call(h, norm, eps, lm_head, None, k, ids, lp, None)
+        return lp, ids
+
+    def _lm_head_call(self, h: torch.Tensor, norm: torch.Tensor | None, eps: float,
+                      lm_head: torch.Tensor | Int8Weight | BlockQuantWeight, draft_map: torch.Tensor | None, k: int,
+                      out_ids: torch.Tensor, out_lp: torch.Tensor | None, logits: torch.Tensor | None) -> None:
         rows, hidden = h.shape[0], h.shape[-1]
         check_dense(h, (rows, hidden), torch.float32, "h")
         if norm is not None:
@@ -340,18 +358,17 @@ class DecodeForwardKernel:
             check_dense(draft_map, (vd,), torch.int64, "draft_map")
         if logits is not None:
             check_dense(logits, (rows, vd), torch.float32, "logits")
-        out = torch.empty(rows, dtype=torch.int64)
         rc = self._tokens_fn(
             h.data_ptr(), rows, hidden, None if norm is None else norm.data_ptr(), eps,
             None if w is None else w.data_ptr(), lm_head.scale.data_ptr() if int8 else None,
             0 if w is None else W_DTYPES[w.dtype], None if desc is None else desc.data_ptr(), vd,
-            None if draft_map is None else draft_map.data_ptr(), out.data_ptr(),
-            None if logits is None else logits.data_ptr(), torch.get_num_threads(),
+            None if draft_map is None else draft_map.data_ptr(), k, out_ids.data_ptr(),
+            None if out_lp is None else out_lp.data_ptr(), None if logits is None else logits.data_ptr(),
+            torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
-            raise ValueError(f"native head tokens: {rows} rows (1 .. 64)") if rc == -1 else MemoryError(
-                "native head tokens: out of scratch memory")
-        return out
+            raise ValueError(f"native head tokens: {rows} rows (1 .. 64), top {k} of {vd}") if rc == -1 else (
+                MemoryError("native head tokens: out of scratch memory"))
 
 
 def decode_forward_kernel() -> DecodeForwardKernel | None:

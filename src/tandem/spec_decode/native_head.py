@@ -125,6 +125,15 @@ class NativeHeadLayer:
             return head.draft_tokens(h)
         return self.kernel.head_tokens(h.contiguous(), head.norm, head.cfg.rms_norm_eps, head.lm_head, head.draft_map)
 
+    def top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A tree level's candidates in one native call: the ``k`` largest draft-vocabulary log-probabilities
+        of each row of ``h`` and their draft ids (``torch.log_softmax(head.logits(h)).topk(k)``), or None
+        where :meth:`draft_tokens` would take the torch path."""
+        head = self.head
+        if not self.fast_tokens or h.dtype != torch.float32 or not 1 <= h.shape[0] <= 64:
+            return None
+        return self.kernel.head_top_k(h.contiguous(), head.norm, head.cfg.rms_norm_eps, head.lm_head, k)
+
     def __call__(
         self, residual: torch.Tensor, attn_in: torch.Tensor, positions: torch.Tensor, metadata: Any
     ) -> torch.Tensor | None:

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 HeadStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # head outputs [M, H] -> draft-vocabulary log-probabilities [M, Vd]
 LogProbs = Callable[[torch.Tensor], torch.Tensor]
+# head outputs [M, H], k -> the k largest log-probabilities [M, k] and their draft ids [M, k], best first
+TopK = Callable[[torch.Tensor, int], "tuple[torch.Tensor, torch.Tensor]"]
 # A node's expanded ancestors are int64 bits, slot s at bit ANC_TOP - s (at most 63 slots): shifted right by
 # ANC_TOP - s, a row at slot s has its ancestor a at bit s - a, the tree mask's bit for the key s - a back.
 ANC_TOP = 62
@@ -141,17 +143,23 @@ def expand_tree(h_root: torch.Tensor, log_probs: LogProbs, to_target: Callable[[
 
 
 def expand_tree_native(h_root: torch.Tensor, log_probs: LogProbs, draft_map: torch.Tensor | None,
-                       head_step: HeadStep, shape: TreeShape, kernel: TreeExpandKernel) -> DraftTree:
+                       head_step: HeadStep, shape: TreeShape, kernel: TreeExpandKernel,
+                       top_k: TopK | None = None) -> DraftTree:
     """:func:`expand_tree` on CPU tensors with the bookkeeping in ``kernel`` (``native/tree_expand.c``): a
     level is one call choosing its nodes, the head's rows and its top-k, one call recording the children; the
-    verified nodes one call. ``draft_map``: the target id of each draft id (None: the identity)."""
+    verified nodes one call. ``draft_map``: the target id of each draft id (None: the identity). ``top_k``: a
+    level's candidates in one call (default ``log_probs(h).topk(k)``)."""
     batch, hidden = h_root.shape
     k = shape.top_k
+
+    def candidates(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return log_probs(h).topk(k, dim=-1) if top_k is None else top_k(h, k)  # type: ignore[return-value]
+
     st = TreeState(batch, shape.created, max(shape.expansions, 1))
     h_all = h_root.new_empty(batch, 1 + st.slots, hidden)  # row 0: the root's head output; 1 + s: slot s's
     h_all[:, 0] = h_root
     table = h_all.view(batch * (1 + st.slots), hidden)
-    v, i = log_probs(h_root).topk(k, dim=-1)
+    v, i = candidates(h_root)
     kernel.record(st, 0, None, v.float(), i, draft_map, 1, None)
     level_start, created, slot_start = 0, k, 0
     for level, e in enumerate(shape.level_expansions, start=2):
@@ -159,7 +167,7 @@ def expand_tree_native(h_root: torch.Tensor, log_probs: LogProbs, draft_map: tor
         slots = torch.arange(slot_start, slot_start + e)
         h = head_step(ids, table.index_select(0, src.view(-1)).view(batch, e, hidden), depths, slots, anc)
         h_all[:, 1 + slot_start : 1 + slot_start + e] = h
-        lv, li = log_probs(h.reshape(batch * e, -1)).topk(k, dim=-1)
+        lv, li = candidates(h.reshape(batch * e, -1))
         kernel.record(st, created, x, lv.float(), li, draft_map, level, anc)
         level_start, created, slot_start = created, created + e * k, slot_start + e
     return DraftTree(*kernel.finish(st, shape.max_nodes))
@@ -178,12 +186,20 @@ class TreeDrafter:
         step = self.head_step(tables, base, root_pos, upper, limit)
         kernel = tree_expand_kernel() if h_root.device.type == "cpu" else None
         if kernel is not None:
-            return expand_tree_native(h_root, self.log_probs, self.proposer.head.draft_map, step, self.shape, kernel)
+            return expand_tree_native(h_root, self.log_probs, self.proposer.head.draft_map, step, self.shape, kernel,
+                                      self.top_k)
         return expand_tree(h_root, self.log_probs, self.to_target, step, self.shape)
 
     def log_probs(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary log-probabilities of head outputs ``[M, H]``."""
         return torch.log_softmax(self.proposer.head.logits(h).float(), dim=-1)
+
+    def top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` most probable draft ids of head outputs ``h`` and their log-probabilities: one native call
+        where the head has one (:meth:`NativeHeadLayer.top_k`), else :meth:`log_probs` and ``topk``."""
+        native = self.proposer.native
+        got = native.top_k(h, k) if native is not None else None
+        return got if got is not None else self.log_probs(h).topk(k, dim=-1)  # type: ignore[return-value]
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids as target ids."""
