@@ -295,7 +295,6 @@ class DecodeForwardKernel:
         if rc != 0:
             raise MemoryError("native head layer: out of scratch memory")
 
-
     def head_rms_pair(self, a: torch.Tensor, b: torch.Tensor, wa: torch.Tensor, wb: torch.Tensor, eps: float
                       ) -> torch.Tensor:
         """``[rms_norm(a) * wa, rms_norm(b) * wb]`` side by side, ``[rows, 2 * hidden]`` (float32 rows): EAGLE-3's

@@ -262,10 +262,7 @@ class RejectionSampler:
             # The greedy rule on host lists (the same decisions as below; nothing to wait for on a CPU).
             ids = self.sampler.greedy_token_ids(logits, meta).tolist()
             rows = greedy_verify_rows(ids, draft_token_ids.tolist(), num_draft_tokens, width)
-            out = torch.tensor(rows, dtype=torch.int64)
-            if meta.max_num_logprobs is None:
-                return RejectionOutput(out, None)
-            return RejectionOutput(out, self._logprobs(logits, meta, num_draft_tokens, out))
+            return self._output(logits, meta, num_draft_tokens, torch.tensor(rows, dtype=torch.int64))
         starts = list(accumulate((n + 1 for n in num_draft_tokens), initial=0))[:-1]
         num_drafts = to_device(list(num_draft_tokens), torch.int64, device).unsqueeze(1)
         slots = torch.arange(width + 1, device=device)
@@ -291,6 +288,11 @@ class RejectionSampler:
                 target_probs, index, drafts, draft_probs, generators, greedy_mask, any_random=not all(greedy),
                 any_greedy=any(greedy),
             )
+        return self._output(logits, meta, num_draft_tokens, out)
+
+    def _output(self, logits: torch.Tensor, meta: SamplingMetadata, num_draft_tokens: Sequence[int],
+                out: torch.Tensor) -> RejectionOutput:
+        """The verdict ``out`` with the logprobs its rows ask for (none: None)."""
         if meta.max_num_logprobs is None:
             return RejectionOutput(out, None)
         return RejectionOutput(out, self._logprobs(logits, meta, num_draft_tokens, out))

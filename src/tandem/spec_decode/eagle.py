@@ -108,6 +108,11 @@ def _shares_storage(a: torch.Tensor | BlockQuantWeight, b: torch.Tensor | BlockQ
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
+def _takes_mixed_weights(target: CausalLM) -> bool:
+    """Whether the target runs float32 activations on the native CPU kernels that take bf16 / int8 weights."""
+    return target.dtype == torch.float32 and getattr(target.linear, "mixed_bf16", False)
+
+
 def head_weight_dtype(config: SpeculativeConfig, target: CausalLM) -> torch.dtype:
     """The dtype of a draft head's matrices (``speculative_config.draft_dtype``).
 
@@ -122,7 +127,7 @@ def head_weight_dtype(config: SpeculativeConfig, target: CausalLM) -> torch.dtyp
     from tandem.worker.worker import DTYPES  # the dtype names (as draft_model reads them)
 
     want = config.draft_dtype
-    mixed = target.dtype == torch.float32 and getattr(target.linear, "mixed_bf16", False)
+    mixed = _takes_mixed_weights(target)
     if want in (None, "auto"):
         return torch.int8 if mixed else target.dtype
     dtype = torch.int8 if want in ("int8", "q8_0") else DTYPES[want]
@@ -145,7 +150,7 @@ def head_q8_activations(config: SpeculativeConfig, target: CausalLM, wdtype: tor
     with a finer scale (one per 32 weights)."""
     qkv = target.layers[0].qkv if target.num_layers else None
     acts = qkv.activations if isinstance(qkv, BlockQuantWeight) and qkv.all_interleaved else None
-    mixed = target.dtype == torch.float32 and getattr(target.linear, "mixed_bf16", False)
+    mixed = _takes_mixed_weights(target)
     if wdtype != torch.int8 or resolve_draft_weights(config.draft_dtype, mixed, acts) != "q8_0":
         return None
     return acts or "float32"
