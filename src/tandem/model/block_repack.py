@@ -61,7 +61,10 @@ class _Arena:
         """An uninitialised uint8 tensor of ``nbytes``, 64-byte aligned."""
         with self._lock:
             if self._chunk is None or self._used + nbytes > len(self._chunk):
-                self._chunk = mmap.mmap(-1, max(self.CHUNK, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE))
+                # Private: a shared anonymous mapping is shmem, whose huge pages follow ``shmem_enabled``
+                # (``never`` on these machines), so it got none.
+                self._chunk = mmap.mmap(-1, max(self.CHUNK, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE),
+                                        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
                 if hasattr(mmap, "MADV_HUGEPAGE"):
                     self._chunk.madvise(mmap.MADV_HUGEPAGE)
                 self._used = 0
