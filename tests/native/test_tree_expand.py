@@ -138,3 +138,36 @@ def test_native_tree_masks_equal_the_reference() -> None:
     assert torch.equal(KERNEL.bits(*chain), tree_bits(*chain))
     with pytest.raises(ValueError, match="tree bits"):
         KERNEL.bits(torch.zeros(1, 64, dtype=torch.int64), torch.ones(1, 64, dtype=torch.int64))
+
+
+def test_native_head_pass_rows_equal_the_reference() -> None:
+    """The head's pass over a tree step (tree_propose.head_rows): accepted paths of several lengths (nodes
+    accepted at some depths, -1 past the count), a prefill chunk's and a decode's plain rows, positions across
+    block boundaries and at the token table's last column (the trash); then an out-of-range row is refused."""
+    from tandem.spec_decode.tree_propose import head_rows
+
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 1000, (4, 40), generator=gen)  # column 39: the trash
+    table = torch.randint(0, 30, (4, 5), generator=gen)
+    batch_positions = torch.tensor([14, 15, 16, 17, 3, 4, 5, 38, 31, 32, 33, 34])
+    base = torch.tensor([14, 3, 38, 31])  # plans: a tree verify, a prefill chunk, a decode, a tree verify
+    nodes = torch.tensor([[2, 3, -1], [1, -1, -1]])  # the verdict's rows: plans 0 and 3
+    meta = [[2] * 4 + [0] * 3 + [1] + [3] * 3,  # slots
+            [14 - 14] * 4 + [4, 5, 6] + [7] + [8] * 3,  # target rows: a path's root row, plain rows
+            [0, 1, 2, 3] + [0, 0, 0] + [0] + [0, 1, 2],  # offsets on the accepted paths
+            [0] * 4 + [-1] * 3 + [-1] + [1] * 3,  # the verdict's row
+            [0] * 4 + [1] * 3 + [2] + [3] * 3]  # plans
+    for nd in (nodes, None, nodes[:, :0]):
+        ref = head_rows(meta, base, batch_positions, nd, tokens, table, 8)
+        mine = KERNEL.head_rows(meta, base, batch_positions, nd, tokens, table, 8)
+        for a, b in zip(ref, mine):
+            assert torch.equal(a, b), (nd, a, b)
+    assert mine[0].tolist()[7] == 38 and mine[1].tolist()[7] == tokens[1, 39]  # the trash column
+    bad = [list(v) for v in meta]
+    bad[1][0] = 12  # a target row past the batch
+    with pytest.raises(ValueError, match="tree head rows"):
+        KERNEL.head_rows(bad, base, batch_positions, nodes, tokens, table, 8)
+    bad = [list(v) for v in meta]
+    bad[2][3] = 30  # a position past the block table
+    with pytest.raises(ValueError, match="tree head rows"):
+        KERNEL.head_rows(bad, base, batch_positions, nodes, tokens, table, 8)

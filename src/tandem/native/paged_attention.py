@@ -75,7 +75,9 @@ class PagedAttentionKernel:
         host = isinstance(req, list) and isinstance(q_start, list) and isinstance(q_len, list)
         if host:
             lists = (req, q_start, q_len)
-            req, q_start, q_len = (torch.tensor(v, dtype=torch.int64) for v in lists)
+            if not len(req) == len(q_start) == len(q_len):
+                raise ValueError("paged attention kernel: req, q_start and q_len differ in length")
+            req, q_start, q_len = torch.tensor(lists, dtype=torch.int64).unbind(0)  # one tensor, rows contiguous
         else:
             req, q_start, q_len = (torch.as_tensor(v) for v in (req, q_start, q_len))
         vectors = (seq_lens, req, q_start, q_len)
@@ -103,7 +105,7 @@ class PagedAttentionKernel:
         if tree_masks is not None:
             if tree_masks.dtype != torch.int64 or tree_masks.device.type != "cpu" or tuple(tree_masks.shape) != (num_rows,):
                 raise ValueError(f"paged attention kernel: tree_masks must be int64 [{num_rows}] on the CPU")
-            if req.shape[0] and int(q_len.max()) > 64:
+            if req.shape[0] and (max(lists[2]) if host else int(q_len.max())) > 64:
                 raise ValueError("paged attention kernel: a tree step takes at most 64 query rows a request")
             tree_masks = tree_masks.contiguous()
         return PagedAttentionIndices(block_tables, seq_lens, req, q_start, q_len, num_rows, window, tree_masks,

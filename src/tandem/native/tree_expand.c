@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-int tandem_tree_expand_abi(void) { return 1; }
+int tandem_tree_expand_abi(void) { return 2; }
 
 /* Whether node a ranks before node b by value (higher first; equal values: lower index first). */
 static inline int before(float va, int64_t a, float vb, int64_t b) { return va > vb || (va == vb && a < b); }
@@ -162,4 +162,38 @@ void tandem_tree_bits(int64_t B, int64_t N, const int64_t *parents, const int64_
             for (int64_t j = 1; j <= N; j++) row[j] = next[j];
         }
     }
+}
+
+/* The head's pass over a tree step's rows (spec_decode/tree_propose.py, head_rows: the reference). Row r
+ * (meta [5, R]: its request's slot, its target row, its offset, its request's index among the verdict's rows
+ * (-1: not a verify's accepted path) and its plan) sits at base[plan] + offset on an accepted path, else at the
+ * target row's position; its feature is the target row's, on an accepted path the accepted node's at depth
+ * offset (nodes [Bv, D], -1 padded; NULL or D = 0: none); its token the one after its position in tokens [S, L]
+ * (the last column: the trash); its K/V slot through table [S, W]; seq_lens[plan] its plan's last row's
+ * position + 1. Returns 0, or -1 for an index outside its array (nothing is read there). */
+int tandem_tree_head_rows(int64_t R, const int64_t *meta, int64_t P, const int64_t *base, int64_t T,
+                          const int64_t *batch_pos, const int64_t *nodes, int64_t Bv, int64_t D,
+                          const int64_t *tokens, int64_t S, int64_t L, const int64_t *table, int64_t W,
+                          int64_t block_size, int64_t *positions, int64_t *ids, int64_t *slot_map,
+                          int64_t *feat_rows, int64_t *seq_lens) {
+    const int64_t *slot = meta, *target = meta + R, *offset = meta + 2 * R, *tree_b = meta + 3 * R,
+                  *plan = meta + 4 * R;
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t s = slot[r], t = target[r], p = plan[r], b = tree_b[r];
+        if (s < 0 || s >= S || t < 0 || t >= T || p < 0 || p >= P || (nodes && D > 0 && b >= Bv)) return -1;
+        const int64_t pos = b >= 0 ? base[p] + offset[r] : batch_pos[t];
+        int64_t feat = t;
+        if (b >= 0 && offset[r] > 0 && nodes && D > 0) {
+            const int64_t d = offset[r] - 1 < D ? offset[r] - 1 : D - 1, node = nodes[b * D + d];
+            if (node > 0) feat += node;
+        }
+        const int64_t blk = pos / block_size;
+        if (pos < 0 || blk >= W || feat >= T) return -1;
+        positions[r] = pos;
+        ids[r] = tokens[s * L + (pos + 1 < L - 1 ? pos + 1 : L - 1)];
+        slot_map[r] = table[s * W + blk] * block_size + pos % block_size;
+        feat_rows[r] = feat;
+        seq_lens[p] = pos + 1;
+    }
+    return 0;
 }

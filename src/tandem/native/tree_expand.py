@@ -15,7 +15,7 @@ import torch
 
 from tandem import native
 
-_ABI = 1
+_ABI = 2
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -28,14 +28,11 @@ class TreeState:
     slots each (tensors as in the reference, ``anc`` as int64 bits)."""
 
     def __init__(self, batch: int, created: int, slots: int) -> None:
-        i64 = {"dtype": torch.int64}
         self.batch, self.created, self.slots = batch, created, slots
-        self.tok = torch.full((batch, created), -1, **i64)
+        # The integer arrays in one buffer, each filled as the reference's starts.
+        ints = torch.tensor([-1, -1, 0, 0, -1], dtype=torch.int64).repeat_interleave(batch * created)
+        self.tok, self.parent, self.depth, self.anc, self.slot_of = ints.view(5, batch, created).unbind(0)
         self.score = torch.full((batch, created), float("-inf"), dtype=torch.float32)
-        self.parent = torch.full((batch, created), -1, **i64)
-        self.depth = torch.zeros(batch, created, **i64)
-        self.anc = torch.zeros(batch, created, **i64)
-        self.slot_of = torch.full((batch, created), -1, **i64)
 
 
 class TreeExpandKernel:
@@ -55,6 +52,10 @@ class TreeExpandKernel:
         self._rows = lib.tandem_tree_rows
         self._rows.argtypes = [_i64] * 3 + [_ptr, _i64, _i64] + [_ptr] * 4 + [_i64] * 2 + [_ptr] * 5
         self._rows.restype = None
+        self._head_rows = lib.tandem_tree_head_rows
+        self._head_rows.argtypes = [_i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr,
+                                    _i64, _i64] + [_ptr] * 5
+        self._head_rows.restype = ctypes.c_int
         self._bits = lib.tandem_tree_bits
         self._bits.argtypes = [_i64, _i64, _ptr, _ptr, _ptr]
         self._bits.restype = None
@@ -126,6 +127,39 @@ class TreeExpandKernel:
                    positions.data_ptr(), slot_map.data_ptr(), seq_lens.data_ptr(), bits.data_ptr(),
                    out_tables.data_ptr())
         return positions, slot_map, seq_lens, bits, out_tables
+
+    def head_rows(self, meta: list[list[int]], base: torch.Tensor, batch_positions: torch.Tensor,
+                  nodes: torch.Tensor | None, tokens: torch.Tensor, table: torch.Tensor, block_size: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The head pass's rows over a tree step (``tree_propose.head_rows`` is the reference): ``meta`` five
+        lists over the rows (slot, target row, offset, index among the verdict's rows or -1, plan); ``base``
+        ``[P]`` the plans' frontiers, ``batch_positions`` the target rows', ``nodes`` the verdict's accepted
+        nodes ``[Bv, D]``, ``tokens`` / ``table`` the persistent batch's. Returns positions, ids, slot mapping
+        and feature rows ``[R]`` and each plan's sequence length ``[P]``."""
+        m = torch.tensor(meta, dtype=torch.int64)
+        if m.dim() != 2 or m.shape[0] != 5:
+            raise ValueError(f"tree head rows: meta must be five lists of rows, got shape {tuple(m.shape)}")
+        r, p = m.shape[1], base.shape[0]
+        nd = nodes if nodes is not None and nodes.dim() == 2 and nodes.shape[1] else None
+        ts = (base, batch_positions, tokens, table) + (() if nd is None else (nd,))
+        if (any(t.dtype != torch.int64 or t.device.type != "cpu" for t in ts) or tokens.dim() != 2
+                or table.dim() != 2 or not tokens.is_contiguous() or not table.is_contiguous() or block_size < 1):
+            raise ValueError("tree head rows: bases, positions, nodes, tokens and tables must be int64 CPU tensors "
+                             "(tokens and tables 2-D, contiguous)")
+        base, batch_positions = base.contiguous(), batch_positions.contiguous()
+        nd = None if nd is None else nd.contiguous()
+        out = torch.empty(4 * r + p, dtype=torch.int64)
+        positions, ids, slot_map, feat_rows = out[: 4 * r].view(4, r).unbind(0)
+        seq_lens = out[4 * r :]
+        rc = self._head_rows(r, m.data_ptr(), p, base.data_ptr(), batch_positions.shape[0], batch_positions.data_ptr(),
+                             _p(nd), 0 if nd is None else nd.shape[0], 0 if nd is None else nd.shape[1],
+                             tokens.data_ptr(), tokens.shape[0], tokens.shape[1], table.data_ptr(), table.shape[1],
+                             block_size, positions.data_ptr(), ids.data_ptr(), slot_map.data_ptr(),
+                             feat_rows.data_ptr(), seq_lens.data_ptr())
+        if rc != 0:
+            raise ValueError("tree head rows: a row's slot, target row, plan, verdict row, position or node is "
+                             "outside its array")
+        return positions, ids, slot_map, feat_rows, seq_lens
 
     def bits(self, parents: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
         """Every tree row's tree mask ``[B, N + 1]`` from the nodes' ``parents`` and ``depths`` ``[B, N]``

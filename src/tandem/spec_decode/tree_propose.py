@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tandem.model.forward_batch import ForwardBatch
+from tandem.native.tree_expand import tree_expand_kernel
 from tandem.spec_decode.tree_draft import DraftTree, TreeDrafter
 
 if TYPE_CHECKING:
@@ -60,20 +61,15 @@ def propose_tree(drafter: TreeDrafter, step: StepInputs, ib: InputBatch, hidden:
         row_slot += [p.slot] * n
         plan_of_row += [i] * n
         counts.append(n)
-    i64 = {"dtype": torch.int64, "device": device}
-    row_slot_t, target_t, offset_t, tree_b_t, plan_t = torch.tensor(
-        [row_slot, target_row, offset, tree_b, plan_of_row], **i64)
-    is_tree = tree_b_t >= 0
-    positions = torch.where(is_tree, step.base.index_select(0, plan_t) + offset_t, batch.positions.index_select(0, target_t))
-    feat_rows = target_t
-    if verdict is not None and verdict.accepted_nodes.shape[1]:
-        nodes = verdict.accepted_nodes  # [B, D] node numbers, -1 padded
-        node = nodes[tree_b_t.clamp(min=0), (offset_t - 1).clamp(min=0, max=nodes.shape[1] - 1)]
-        feat_rows = target_t + torch.where(is_tree & (offset_t > 0) & (node >= 0), node, 0)
+    nodes = verdict.accepted_nodes if verdict is not None else None
+    meta = [row_slot, target_row, offset, tree_b, plan_of_row]
+    kernel = tree_expand_kernel() if device.type == "cpu" else None
+    rows = (head_rows if kernel is None else kernel.head_rows)(meta, step.base, batch.positions, nodes, ib.tokens,
+                                                               ib.block_table, bs)
+    positions, ids, slot_mapping, feat_rows, seq_lens = rows
     feats = head.target_feature(hidden, prop.aux_hidden_layers).index_select(0, feat_rows)
-    ids = ib.tokens[row_slot_t, (positions + 1).clamp(max=ib.trash)]
-    slot_mapping = ib.block_table[row_slot_t, torch.div(positions, bs, rounding_mode="floor")] * bs + positions % bs
     qsl = list(itertools.accumulate(counts, initial=0))
+    i64 = {"dtype": torch.int64, "device": device}
     plan_slots = torch.tensor([p.slot for p in step.plans], **i64)
     width = -(-max(seq_upper) // bs)
     hb = ForwardBatch(
@@ -83,7 +79,7 @@ def propose_tree(drafter: TreeDrafter, step: StepInputs, ib: InputBatch, hidden:
         block_tables=ib.block_table[:, :width].index_select(0, plan_slots),
         query_start_loc=qsl,
         seq_lens=seq_upper,
-        seq_lens_dev=positions.index_select(0, torch.tensor(qsl[1:], **i64) - 1) + 1,
+        seq_lens_dev=seq_lens,
     )
     h = prop._head(hb.input_ids, feats, hb.positions, prop.backend.build_metadata(hb, bs))
     if num_drafts == 0 or not step.sampling:
@@ -99,3 +95,29 @@ def propose_tree(drafter: TreeDrafter, step: StepInputs, ib: InputBatch, hidden:
     upper = [batch.seq_lens[i] for i, p in enumerate(step.plans) if id(p) in sampling_row]
     tables = ib.block_table.index_select(0, slots)
     return drafter.draft(h.index_select(0, last), tables, root, root, upper, limit=max_model_len)
+
+
+def head_rows(meta: list[list[int]], base: torch.Tensor, batch_positions: torch.Tensor, nodes: torch.Tensor | None,
+              tokens: torch.Tensor, table: torch.Tensor, block_size: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The head pass's rows (:func:`propose_tree`; the reference of ``native/tree_expand.c``'s
+    ``tandem_tree_head_rows``, and the path off the CPU). ``meta``: per row its request's slot, its target row,
+    its offset on its plan's accepted path, its request's index among the verdict's rows (-1: not an accepted
+    path) and its plan; ``base`` ``[P]`` the plans' frontiers before the step; ``batch_positions`` the target
+    rows' positions; ``nodes`` the verdict's accepted nodes ``[Bv, D]`` (-1 padded); ``tokens`` / ``table`` the
+    persistent batch's tokens (last column: the trash) and block tables. Returns each row's position, token (the
+    one after its position), K/V slot and feature row (an accepted node's own target row), and each plan's
+    sequence length (its last row's position + 1)."""
+    row_slot, target, offset, tree_b, plan = torch.tensor(meta, dtype=torch.int64, device=base.device)
+    is_tree = tree_b >= 0
+    positions = torch.where(is_tree, base.index_select(0, plan) + offset, batch_positions.index_select(0, target))
+    feat_rows = target
+    if nodes is not None and nodes.shape[1]:
+        node = nodes[tree_b.clamp(min=0), (offset - 1).clamp(min=0, max=nodes.shape[1] - 1)]
+        feat_rows = target + torch.where(is_tree & (offset > 0) & (node >= 0), node, 0)
+    ids = tokens[row_slot, (positions + 1).clamp(max=tokens.shape[1] - 1)]
+    slot_mapping = table[row_slot, torch.div(positions, block_size, rounding_mode="floor")] * block_size + positions % block_size
+    last = {p: r for r, p in enumerate(meta[4])}  # each plan's last row
+    seq_lens = positions.index_select(0, torch.tensor([last[p] for p in range(len(last))], dtype=torch.int64,
+                                                      device=base.device)) + 1
+    return positions, ids, slot_mapping, feat_rows, seq_lens
