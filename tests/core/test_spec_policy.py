@@ -56,9 +56,7 @@ def test_drafts_keep_a_step_within_the_fast_paths_rows():
     assert sum(pol.plan(decode).values()) == 32
     wide = [(_Req(f"w{i}"), 3) for i in range(70)]
     assert sum(pol.plan(wide).values()) == 3 * 70
-    unfitted = AdaptivePolicy(3, "eagle3", fast_rows=64)  # before the fit nothing but explorations ...
-    assert sum(unfitted.plan(decode).values()) == 0
-    unfitted._verify_next = 3  # ... and an exploration's drafts stay within the bound
+    unfitted = AdaptivePolicy(3, "eagle3", fast_rows=64)  # before the fit every draft is verified: within it
     assert sum(unfitted.plan(decode).values()) == 32
     tree = _tree_policy(10e-3, 0.1e-3, 3.0)
     tree.fast_rows = 16
@@ -364,25 +362,3 @@ def test_each_batch_class_has_its_own_line():
         line.since_explore = -10_000
     assert pol.plan([(_Req("a"), 3)]) == {"a": 3}
     assert set(pol.plan([(_Req(f"w{i}"), 3) for i in range(32)]).values()) == {0}
-
-
-def test_a_fresh_policy_drafts_only_its_explorations_until_the_cost_is_fitted():
-    """Before any line is fitted the policy cannot price a draft, so it buys none but its explorations (one
-    drafting pass, a draft a request for a head); once the line says drafts are nearly free, it drafts all."""
-    pol = AdaptivePolicy(3, "eagle3")
-    decode = [(_Req(f"r{i}"), 3) for i in range(16)]
-    steps = drafting = 0
-    while not pol.lines[batch_class(16)].cost.fitted:
-        k = pol.plan(decode)
-        assert max(k.values()) <= 1, k  # an exploration's single pass, never the full depth
-        drafting += any(k.values())
-        rows = len(decode) + sum(k.values())
-        pol.lines[batch_class(16)].cost.observe(rows, 1e-3 + 1e-6 * rows)  # a row costs almost nothing
-        steps += 1
-        assert steps < 4 * EXPLORE_EVERY
-    assert 0 < drafting <= steps // 2
-    after = []
-    for _ in range(3):  # (the first may still verify the last exploration's drafts)
-        after.append(sum(pol.plan(decode).values()))
-        pol.lines[batch_class(16)].cost.observe(len(decode) + after[-1], 1e-3 + 1e-6 * (len(decode) + after[-1]))
-    assert after[-1] == 3 * 16, after

@@ -39,11 +39,9 @@ compute-bound, acceptance is low, drafting passes cost more than the tokens they
 ``k = 0`` and the proposer is not run (a drafter with its own KV still keeps it current). A row count past
 ``fast_rows`` (the native decoder stack's, ``EnginePlan.native_decode_rows``) leaves the fast path for layers
 several times dearer a row, a cliff no line fits: drafts never take a step past it (a step already past it
-without drafts is priced by the line alone), nor do trees. Until a line is fitted nothing is drafted but
-the explorations below: a fresh engine does not buy drafts it cannot price yet (verifying every draft until the
-fit cost a first load of 16 streams 17 % of a 2,048-token run on a 2-core CPU, where drafts do not pay;
-BENCHMARKS.md §19). The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
-steps (every ``MIN_FIT_STEPS`` before the first fit) one step does the opposite of the choice — no drafts, or what one
+without drafts is priced by the line alone), nor do trees. Until the cost is fitted every draft is verified
+(the fixed behaviour, measured). The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
+steps (more often before the first fit) one step does the opposite of the choice — no drafts, or what one
 drafting pass makes (one draft a request; a one-pass drafter's every draft), verified in the next step — so
 the estimate never freezes. While explorations keep finding the same choice (drafting or not), their interval
 doubles, up to ``EXPLORE_MAX``: where drafts never pay exploring is what speculation costs. Acceptance needs
@@ -243,7 +241,7 @@ class AdaptivePolicy(FixedPolicy):
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
         full = self._fill(limits)
-        want = self._allocate(limits) if cost.fitted else [0] * len(decode)  # unfitted: explorations only
+        want = self._allocate(limits) if cost.fitted else full
         verify = None  # this step's verified drafts where they are not ``want`` (an exploration's)
         line.since_explore += 1
         self._since_deep += 1
