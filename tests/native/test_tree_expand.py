@@ -153,7 +153,7 @@ def test_native_head_pass_rows_equal_the_reference() -> None:
     base = torch.tensor([14, 3, 38, 31])  # plans: a tree verify, a prefill chunk, a decode, a tree verify
     nodes = torch.tensor([[2, 3, -1], [1, -1, -1]])  # the verdict's rows: plans 0 and 3
     meta = [[2] * 4 + [0] * 3 + [1] + [3] * 3,  # slots
-            [14 - 14] * 4 + [4, 5, 6] + [7] + [8] * 3,  # target rows: a path's root row, plain rows
+            [0] * 4 + [4, 5, 6] + [7] + [8] * 3,  # target rows: a path's root row, plain rows
             [0, 1, 2, 3] + [0, 0, 0] + [0] + [0, 1, 2],  # offsets on the accepted paths
             [0] * 4 + [-1] * 3 + [-1] + [1] * 3,  # the verdict's row
             [0] * 4 + [1] * 3 + [2] + [3] * 3]  # plans
