@@ -75,9 +75,7 @@ class PagedAttentionKernel:
         host = isinstance(req, list) and isinstance(q_start, list) and isinstance(q_len, list)
         if host:
             lists = (req, q_start, q_len)
-            if not len(req) == len(q_start) == len(q_len):
-                raise ValueError("paged attention kernel: req, q_start and q_len differ in length")
-            req, q_start, q_len = torch.tensor(lists, dtype=torch.int64).unbind(0)  # one tensor, rows contiguous
+            req, q_start, q_len = (torch.tensor(v, dtype=torch.int64) for v in lists)
         else:
             req, q_start, q_len = (torch.as_tensor(v) for v in (req, q_start, q_len))
         vectors = (seq_lens, req, q_start, q_len)

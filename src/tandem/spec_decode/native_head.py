@@ -121,7 +121,7 @@ class NativeHeadLayer:
         the draft LM head is a float32, bf16 or int8 matrix or GGUF blocks (the head's own, or rows of the
         target's, any gain they carry applied as the torch path applies it), the rows float32, at most 64."""
         head = self.head
-        if not self.fast_tokens or h.dtype != torch.float32 or not 1 <= h.shape[0] <= 64:
+        if not self._takes_tokens(h):
             return head.draft_tokens(h)
         return self.kernel.head_tokens(h.contiguous(), head.norm, head.cfg.rms_norm_eps, head.lm_head, head.draft_map)
 
@@ -130,9 +130,13 @@ class NativeHeadLayer:
         of each row of ``h`` and their draft ids (``torch.log_softmax(head.logits(h)).topk(k)``), or None
         where :meth:`draft_tokens` would take the torch path."""
         head = self.head
-        if not self.fast_tokens or h.dtype != torch.float32 or not 1 <= h.shape[0] <= 64:
+        if not self._takes_tokens(h):
             return None
         return self.kernel.head_top_k(h.contiguous(), head.norm, head.cfg.rms_norm_eps, head.lm_head, k)
+
+    def _takes_tokens(self, h: torch.Tensor) -> bool:
+        """Whether the draft LM head's native call takes these head outputs: float32, 1 .. 64 rows."""
+        return self.fast_tokens and h.dtype == torch.float32 and 1 <= h.shape[0] <= 64
 
     def __call__(
         self, residual: torch.Tensor, attn_in: torch.Tensor, positions: torch.Tensor, metadata: Any
