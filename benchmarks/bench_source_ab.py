@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quant import Worker  # noqa: E402
-from common import environment, finish_json, grouped_bars, humaneval  # noqa: E402
+from common import PLACEMENTS, PlacementTally, environment, finish_json, grouped_bars, humaneval  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tandem.model.loader import load_tokenizer  # noqa: E402
@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--prefill-repeats", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=16, help="HumanEval prompts (the first N)")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1, help="passes over the prompts at each concurrency")
     ap.add_argument("--engine", default="{}", help="JSON of extra engine arguments, both arms")
     ap.add_argument("--json")
     ap.add_argument("--plot")
@@ -99,25 +100,30 @@ def main() -> None:
                 arms = {n: SourceArm(kw, tree / "src" if k == "base" else None)
                         for n, k in tqdm(names.items(), desc=f"c={c} load")}
                 order = list(arms)
-                decode_s, decode_tokens = dict.fromkeys(order, 0.0), dict.fromkeys(order, 0)
+                tally = PlacementTally(order)
                 tokens: dict[str, list[list[int]]] = {n: [] for n in order}
                 batches = [ids[i : i + c] for i in range(0, len(ids), c)]
-                for b, batch in enumerate(tqdm(batches * max(1, 4 // len(batches)), desc=f"c={c}")):
-                    for n in order if b % 2 == 0 else order[::-1]:
-                        ans = arms[n].ask(cmd="generate", prompts=batch, max_tokens=ns.max_tokens)
-                        decode_s[n] += ans["decode_s"]
-                        decode_tokens[n] += ans["decode_tokens"]
+                for b, batch in enumerate(tqdm(batches * max(1, ns.repeats, 4 // len(batches)), desc=f"c={c}")):
+                    answers = tally.round(order if b % 2 == 0 else order[::-1], lambda n, batch=batch: arms[n].ask(
+                        cmd="generate", prompts=batch, max_tokens=ns.max_tokens))
+                    for n, ans in answers.items():
                         tokens[n] += ans["tokens"]
                 for a in arms.values():
                     a.close()
-                rates = {n: decode_tokens[n] / decode_s[n] for n in order}
                 base_name, head_name = order
-                row = {"concurrency": c, **{f"{names[n]}_tok_s": r for n, r in rates.items()},
-                       "ratio": rates[head_name] / rates[base_name],
-                       "identical": tokens[head_name] == tokens[base_name]}
+                row: dict[str, Any] = {"concurrency": c, "identical": tokens[head_name] == tokens[base_name]}
+                for where in PLACEMENTS:
+                    base_rate, head_rate = tally.rate(where, base_name), tally.rate(where, head_name)
+                    if base_rate is None or head_rate is None:
+                        continue
+                    key = "" if where == "all" else f"{where}_"
+                    row.update({f"{key}{names[base_name]}_tok_s": base_rate,
+                                f"{key}{names[head_name]}_tok_s": head_rate,
+                                f"{key}ratio": head_rate / base_rate, f"{key}turns": tally.rounds[where]})
+                    print(f"c={c:<3} {where:<5} base {base_rate:8.1f} tok/s  working tree {head_rate:8.1f} tok/s  "
+                          f"{row[f'{key}ratio']:5.3f}x  ({tally.rounds[where]} turns each)"
+                          + (f"  identical {row['identical']}" if where == "all" else ""), flush=True)
                 out["results"].append(row)
-                print(f"c={c:<3} base {rates[base_name]:8.1f} tok/s  working tree {rates[head_name]:8.1f} tok/s  "
-                      f"{row['ratio']:5.3f}x  identical {row['identical']}", flush=True)
             if ns.prefill:
                 out["prefill"] = prefill_rows(ns, names, tree, [t for p in ids for t in p])
         finally:
@@ -128,8 +134,12 @@ def main() -> None:
         groups = [f"decode c={r['concurrency']}" for r in out["results"]]
         groups += [f"prefill {r['prefill_tokens']}" for r in out.get("prefill", [])]
         ratios = [r["ratio"] for r in out["results"]] + [r["ratio"] for r in out.get("prefill", [])]
-        grouped_bars(ns.plot, groups, {f"base {rev}": [1.0] * len(groups), "working tree": ratios},
-                     "tok/s vs the base", f"working tree vs {rev}")
+        series = {f"base {rev}": [1.0] * len(groups), "working tree": ratios}
+        for where in ("near", "far"):  # decode turns within one placement of the vCPUs (0: none seen)
+            if any(f"{where}_ratio" in r for r in out["results"]):
+                series[f"working tree, {where}"] = [r.get(f"{where}_ratio", 0.0) for r in out["results"]]
+                series[f"working tree, {where}"] += [0.0] * len(out.get("prefill", []))
+        grouped_bars(ns.plot, groups, series, "tok/s vs the base", f"working tree vs {rev}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ OpenMP runtime and both slow down), and the arms take turns batch by batch, the 
 report split (HumanEval problems 100-163, never used to train or choose a head), greedy, ``--max-tokens``
 tokens each (no stop: every arm computes the same tokens, and the outputs are checked against no
 speculation), ``policy: fixed`` (every step verifies: the shapes themselves are compared). At each
-concurrency c the prompts go in batches of c (``max_num_seqs`` c).
+concurrency c the prompts go in batches of c (``max_num_seqs`` c). Speed-ups are reported over all rounds and
+over the rounds within one placement of the vCPUs (``near`` / ``far``: common.placement_of), which can change
+mid-run on a VM and moves a decode step by up to ~1.3x (BENCHMARKS.md §13).
 
     python benchmarks/bench_tree_engine.py --method eagle3 --trees 2,4 2,6 4,16 --concurrency 1 4 \\
         --json benchmarks/results/tree_engine.json --plot benchmarks/results/tree_engine.png
@@ -21,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quant import TandemArm  # noqa: E402
-from common import environment, grouped_bars, humaneval  # noqa: E402
+from common import PLACEMENTS, PlacementTally, environment, grouped_bars, humaneval  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tandem.model.loader import load_tokenizer  # noqa: E402
@@ -56,6 +58,7 @@ def main() -> None:
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--prompts", type=int, default=16, help="first N prompts of the report split")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1, help="passes over the prompts at each concurrency")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     ns = ap.parse_args()
@@ -66,30 +69,34 @@ def main() -> None:
     out: dict[str, Any] = {"environment": environment(), "args": vars(ns), "results": []}
     for c in ns.concurrency:
         arms = {n: TandemArm(arm_config(n, ns.method, ns.k, c)) for n in tqdm(names, desc=f"c={c} load")}
-        decode_s = dict.fromkeys(names, 0.0)
-        decode_tokens = dict.fromkeys(names, 0)
+        tally = PlacementTally(names)
         tokens: dict[str, list[list[int]]] = {n: [] for n in names}
         batches = [ids[i : i + c] for i in range(0, len(ids), c)]
-        for b, batch in enumerate(tqdm(batches, desc=f"c={c}")):
+        for b, batch in enumerate(tqdm(batches * ns.repeats, desc=f"c={c}")):
             order = names[b % len(names):] + names[: b % len(names)]
-            for n in order:
-                ans = arms[n].ask(cmd="generate", prompts=batch, max_tokens=ns.max_tokens)
-                decode_s[n] += ans["decode_s"]
-                decode_tokens[n] += ans["decode_tokens"]
+            answers = tally.round(order, lambda n, batch=batch: arms[n].ask(cmd="generate", prompts=batch,
+                                                                           max_tokens=ns.max_tokens))
+            for n, ans in answers.items():
                 tokens[n] += ans["tokens"]
         stats = {n: arms[n].ask(cmd="stats")["stats"] for n in names if n != "none"}
         for a in arms.values():
             a.close()
-        base = decode_tokens["none"] / decode_s["none"]
+        base = tally.rate("all", "none")
         for n in names:
-            rate = decode_tokens[n] / decode_s[n]
+            rate = tally.rate("all", n)
             row = {"concurrency": c, "arm": n, "decode_tok_s": rate, "speedup_vs_none": rate / base,
                    "identical_to_none": tokens[n] == tokens["none"],
                    "mean_acceptance_length": stats.get(n, {}).get("mean_acceptance_length")}
+            for where in PLACEMENTS[1:]:  # the rounds within one placement of the vCPUs (common.placement_of)
+                if tally.rounds[where]:
+                    row[f"{where}_rounds"] = tally.rounds[where]
+                    row[f"{where}_speedup_vs_none"] = tally.rate(where, n) / tally.rate(where, "none")
             out["results"].append(row)
             acc = row["mean_acceptance_length"]
+            by = "  ".join(f"{w} {row[f'{w}_speedup_vs_none']:5.2f}x ({row[f'{w}_rounds']})" for w in PLACEMENTS[1:]
+                           if f"{w}_rounds" in row)
             print(f"c={c:<3} {n:<7} {rate:8.1f} tok/s  {row['speedup_vs_none']:5.2f}x  acceptance "
-                  f"{acc if acc is None else round(acc, 3)}  identical {row['identical_to_none']}", flush=True)
+                  f"{acc if acc is None else round(acc, 3)}  identical {row['identical_to_none']}  {by}", flush=True)
     out["environment_after"] = environment()
     if ns.json:
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)

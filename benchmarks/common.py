@@ -13,6 +13,15 @@ from typing import Any
 
 import torch
 
+try:
+    from tandem.native.core_latency import core_round_trip_ns, placement
+except ImportError:  # an older tandem on PYTHONPATH (bench_source_ab.py's base arm): no placement measured
+    def core_round_trip_ns(rounds: int = 0) -> float | None:
+        return None
+
+    def placement(ns: float | None) -> str:
+        return "unknown"
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -65,7 +74,48 @@ def environment() -> dict[str, Any]:
         "cpu": cpu,
         "cores": os.cpu_count(),
         "python": platform.python_version(),
+        "core_round_trip_ns": core_round_trip_ns(),  # the vCPUs' placement now (placement_of below)
     }
+
+
+PLACEMENTS = ("all", "near", "far", "mixed")
+
+
+class PlacementTally:
+    """Decode seconds and tokens per arm, in all and by the vCPUs' placement over each round of turns (one
+    turn per arm; ``core_round_trip_ns`` before the round and after every turn, ``placement_of``)."""
+
+    def __init__(self, arms: list[str]) -> None:
+        self.seconds = {k: dict.fromkeys(arms, 0.0) for k in PLACEMENTS}
+        self.tokens = {k: dict.fromkeys(arms, 0) for k in PLACEMENTS}
+        self.rounds = dict.fromkeys(PLACEMENTS, 0)
+
+    def round(self, order: list[str], turn: Any) -> dict[str, dict[str, Any]]:
+        """Runs ``turn(arm)`` (an answer with ``decode_s`` and ``decode_tokens``) for each arm in ``order``."""
+        answers, trips = {}, [core_round_trip_ns()]
+        for n in order:
+            answers[n] = turn(n)
+            trips.append(core_round_trip_ns())
+        for where in ("all", placement_of(*trips)):
+            self.rounds[where] += 1
+            for n, ans in answers.items():
+                self.seconds[where][n] += ans["decode_s"]
+                self.tokens[where][n] += ans["decode_tokens"]
+        return answers
+
+    def rate(self, where: str, arm: str) -> float | None:
+        """Decode tok/s of ``arm`` over the rounds in ``where`` (None: no such round)."""
+        s = self.seconds[where][arm]
+        return self.tokens[where][arm] / s if s else None
+
+
+def placement_of(*round_trips: float | None) -> str:
+    """The vCPUs' placement over a stretch bracketed by these round-trip measurements (``core_round_trip_ns``
+    before, between and after): ``near`` or ``far`` where all agree, else ``mixed`` (it changed, or unknown).
+    On the 2-vCPU AMD EPYC VMs a 16-stream decode runs ~1.3x slower ``far`` than ``near`` (BENCHMARKS.md §13),
+    so arms are compared within one placement."""
+    kinds = {placement(ns) for ns in round_trips}
+    return kinds.pop() if len(kinds) == 1 and "unknown" not in kinds else "mixed"
 
 
 def median(xs: list[float]) -> float:

@@ -106,6 +106,12 @@ def test_int8_activations_within_their_quantization_bound(isa: str, activations:
     full = kernel(x, r)
     assert all(torch.equal(kernel(x[i : i + 1], r), full[i : i + 1]) for i in range(9))  # batch-invariant
     assert torch.equal(kernel(x[3:7], r), full[3:7])
+    threads = torch.get_num_threads()  # rows prepared by one thread or split over several: the same bits
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(kernel(x, r), full)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_int8x2_is_two_orders_closer_than_int8() -> None:

@@ -141,27 +141,29 @@ static int q_row(const QMatrix *m, int64_t row, float *dst) {
 static int q_gemv(const int64_t *desc, const float *x, int64_t rows, float *y, int64_t ldy, int num_threads) {
     const QMatrix m = q_matrix(desc);
     const int64_t in = m.in;
+    const float *raw = x; /* the int8 path applies the gain as it prepares its rows; the others take x * gain */
     float *xg = NULL;
-    if (m.gain) {
-        xg = malloc((size_t)(rows * in) * sizeof(float));
-        if (!xg) return -2;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t i = 0; i < in; i++) xg[r * in + i] = x[r * in + i] * m.gain[i];
-        x = xg;
-    }
     int rc = 0;
     int64_t base = 0;
     for (int64_t p = 0; p < m.n_parts; p++) {
         const int64_t *pt = m.parts + p * QDESC_PART;
         const int64_t type = pt[0], prow = pt[1], rb = pt[2];
         const uint8_t *data = (const uint8_t *)pt[3];
+        const int levels = type & QR16 ? (type & QI8X2 ? 2 : (type & QI8 ? 1 : 0)) : 0;
+        if (m.gain && !levels && !xg) {
+            xg = malloc((size_t)(rows * in) * sizeof(float));
+            if (!xg) return -2;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t i = 0; i < in; i++) xg[r * in + i] = raw[r * in + i] * m.gain[i];
+            x = xg;
+        }
         if (type & QR16) { /* every row count: a row gives the same bits in any batch */
             if (!r16_type(type)) {
                 rc = -3;
                 break;
             }
-            const int levels = type & QI8X2 ? 2 : (type & QI8 ? 1 : 0);
-            rc = levels ? i8_gemv(type & QTYPE_MASK, levels, prow, rb, data, x, rows, in, y + base, ldy, num_threads)
+            rc = levels ? i8_gemv(type & QTYPE_MASK, levels, prow, rb, data, raw, m.gain, rows, in, y + base, ldy,
+                                  num_threads)
                         : r16_gemv(type & QTYPE_MASK, prow, rb, data, x, rows, in, y + base, ldy, num_threads);
             if (rc != 0) break;
             base += prow;

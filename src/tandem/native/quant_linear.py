@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 
 from tandem import native
-from tandem.model.block_quant import BlockQuantWeight, type_name
+
+if TYPE_CHECKING:  # tandem.model imports this module (model/linear.py): importing it back here would be a cycle
+    from tandem.model.block_quant import BlockQuantWeight
 
 _ABI = 2
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -44,6 +47,8 @@ class QuantLinearKernel:
     def _check(self, weight: BlockQuantWeight) -> None:
         if weight.device.type != "cpu":
             raise ValueError("quant linear: CPU weights only")
+        from tandem.model.block_quant import type_name
+
         bad = [type_name(p.qtype) for p in weight.parts if not self._supported(p.qtype)]
         if bad:
             raise ValueError(f"quant linear: no kernel for {bad} (tensor {weight.name!r})")

@@ -52,19 +52,17 @@ static inline float r16_xscale(int64_t i) {
     return sc[i & 7];
 }
 
-/* xq[r][i] = x[r][i] * r16_xscale(i) (Q4 types; Q8_0 uses x as is); xs[r][b] = sum of block b of x[r]
- * (a fixed order), times -8 for Q4_0 (its weights are d * (q - 8)). */
-static void r16_prepare(int64_t base, const float *x, int64_t rows, int64_t in, float *xq, float *xs) {
+/* Row r of x prepared: xq[r][i] = x[r][i] * r16_xscale(i) (Q4 types; Q8_0 uses x as is); xs[r][b] = sum of
+ * block b of x[r] (a fixed order), times -8 for Q4_0 (its weights are d * (q - 8)). */
+static void r16_prepare(int64_t base, const float *x, int64_t r, int64_t in, float *xq, float *xs) {
     const int64_t nb = in / 32;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * in;
-        if (base != GT_Q8_0)
-            for (int64_t i = 0; i < in; i++) xq[r * in + i] = xr[i] * r16_xscale(i);
-        for (int64_t b = 0; b < nb; b++) {
-            float s = 0.0f;
-            for (int i = 0; i < 32; i++) s += xr[b * 32 + i];
-            xs[r * nb + b] = base == GT_Q4_0 ? -8.0f * s : s;
-        }
+    const float *xr = x + r * in;
+    if (base != GT_Q8_0)
+        for (int64_t i = 0; i < in; i++) xq[r * in + i] = xr[i] * r16_xscale(i);
+    for (int64_t b = 0; b < nb; b++) {
+        float s = 0.0f;
+        for (int i = 0; i < 32; i++) s += xr[b * 32 + i];
+        xs[r * nb + b] = base == GT_Q4_0 ? -8.0f * s : s;
     }
 }
 
@@ -257,10 +255,20 @@ static int r16_gemv(int64_t base, int64_t prow, int64_t rb, const uint8_t *data,
     float *xs = malloc((size_t)(rows * nb + (base == GT_Q8_0 ? 0 : rows * in)) * sizeof(float));
     if (!xs) return -2;
     float *xq = base == GT_Q8_0 ? (float *)x : xs + rows * nb;
-    r16_prepare(base, x, rows, in, xq, xs);
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t t = 0; t < groups; t++)
-        r16_group(base, data + t * R16 * rb, nb, xq, xs, in, rows, y + t * R16, ldy);
+    /* From 4 rows (decode_forward.c's PAR_ROWS) each thread prepares the rows it wrote (quant_r16_i8.h's
+     * i8_gemv says why); fewer are prepared before the threads start. */
+    const int split = rows >= 4;
+    for (int64_t r = 0; !split && r < rows; r++) r16_prepare(base, x, r, in, xq, xs);
+#pragma omp parallel num_threads(num_threads)
+    {
+        if (split) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++) r16_prepare(base, x, r, in, xq, xs);
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < groups; t++)
+            r16_group(base, data + t * R16 * rb, nb, xq, xs, in, rows, y + t * R16, ldy);
+    }
     free(xs);
     return 0;
 }

@@ -41,44 +41,51 @@ static inline int i8_position(int64_t base, int k) { /* input of byte k of the b
     return 8 * (dw / 2) + (dw % 2) + 2 * t;
 }
 
-static void i8_prepare(int64_t base, const float *x, int64_t rows, int64_t in, int levels, I8Block *out) {
+/* Row r of x prepared into out[r * nb ..]; with a gain, of x[r][i] * gain[i] (the float products q_gemv's
+ * scratch copy held before: the same bits). */
+static void i8_prepare(int64_t base, const float *x, const float *gain, int64_t r, int64_t in, int levels,
+                       I8Block *out) {
     const int64_t nb = in / 32;
     const int k_corr = base == GT_Q4_0 ? 8 : (base == GT_Q8_0 ? 128 : 0);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t b = 0; b < nb; b++) {
-            const float *xb = x + r * in + b * 32;
-            I8Block *o = out + r * nb + b;
-            float res[32], amax = 0.0f, sum = 0.0f;
-            for (int i = 0; i < 32; i++) {
-                amax = fmaxf(amax, fabsf(xb[i]));
-                sum += xb[i];
-            }
-            o->sum = sum;
-            o->dx = amax / 127.0f;
-            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            float rmax = 0.0f;
-            int32_t s1 = 0;
-            for (int k = 0; k < 32; k++) {
-                const int i = i8_position(base, k);
-                const int v = (int)nearbyintf(xb[i] * inv);
-                const int q = v > 127 ? 127 : (v < -127 ? -127 : v);
-                o->q[0][k] = (int8_t)q;
-                s1 += q;
-                res[k] = xb[i] - o->dx * (float)q;
-                rmax = fmaxf(rmax, fabsf(res[k]));
-            }
-            o->corr[0] = k_corr * s1;
-            o->dr = levels > 1 ? rmax / 127.0f : 0.0f;
-            const float rinv = levels > 1 && rmax > 0.0f ? 127.0f / rmax : 0.0f;
-            int32_t s2 = 0;
-            for (int k = 0; k < 32; k++) {
-                const int v = (int)nearbyintf(res[k] * rinv);
-                const int q = v > 127 ? 127 : (v < -127 ? -127 : v);
-                o->q[1][k] = (int8_t)q;
-                s2 += q;
-            }
-            o->corr[1] = k_corr * s2;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xr = x + r * in + b * 32;
+        float xb[32]; /* a local copy: the loops below vectorize, knowing it aliases nothing they write */
+        if (gain)
+            for (int i = 0; i < 32; i++) xb[i] = xr[i] * gain[b * 32 + i];
+        else
+            for (int i = 0; i < 32; i++) xb[i] = xr[i];
+        I8Block *o = out + r * nb + b;
+        float res[32], amax = 0.0f, sum = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            amax = fmaxf(amax, fabsf(xb[i]));
+            sum += xb[i];
         }
+        o->sum = sum;
+        o->dx = amax / 127.0f;
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        float rmax = 0.0f;
+        int32_t s1 = 0;
+        for (int k = 0; k < 32; k++) {
+            const int i = i8_position(base, k);
+            const int v = (int)nearbyintf(xb[i] * inv);
+            const int q = v > 127 ? 127 : (v < -127 ? -127 : v);
+            o->q[0][k] = (int8_t)q;
+            s1 += q;
+            res[k] = xb[i] - o->dx * (float)q;
+            rmax = fmaxf(rmax, fabsf(res[k]));
+        }
+        o->corr[0] = k_corr * s1;
+        o->dr = levels > 1 ? rmax / 127.0f : 0.0f;
+        const float rinv = levels > 1 && rmax > 0.0f ? 127.0f / rmax : 0.0f;
+        int32_t s2 = 0;
+        for (int k = 0; k < 32; k++) {
+            const int v = (int)nearbyintf(res[k] * rinv);
+            const int q = v > 127 ? 127 : (v < -127 ? -127 : v);
+            o->q[1][k] = (int8_t)q;
+            s2 += q;
+        }
+        o->corr[1] = k_corr * s2;
+    }
 }
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -215,15 +222,33 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
 #define I8_VNNI 0
 #endif
 
-/* One interleaved part with int8 activations (levels 1 or 2): y[r * ldy + o]. Returns 0 or -2. */
+#define I8_PAR_ROWS 4 /* rows from which the threads prepare them (decode_forward.c's PAR_ROWS: its split) */
+
+/* One interleaved part with int8 activations (levels 1 or 2): y[r * ldy + o] from x (times gain[i] where set).
+ * Returns 0 or -2.
+ *
+ * From I8_PAR_ROWS rows the threads prepare the rows, split as the element-wise steps between products split
+ * them (decode_forward.c: rows in static order), then share out the groups: a thread reads the activation
+ * rows it wrote itself. Preparing them all on one thread had it read the other thread's half of x across cores
+ * while that thread spun at the barrier — on a VM whose two vCPUs sat on different CCDs (a cache line's round
+ * trip ~340 ns instead of ~65: native/core_latency.c) that serial part took 3.5x as long (BENCHMARKS.md §13). */
 static int i8_gemv(int64_t base, int levels, int64_t prow, int64_t rb, const uint8_t *data, const float *x,
-                   int64_t rows, int64_t in, float *y, int64_t ldy, int num_threads) {
+                   const float *gain, int64_t rows, int64_t in, float *y, int64_t ldy, int num_threads) {
     const int64_t nb = in / 32, groups = prow / R16;
     I8Block *xp = malloc((size_t)(rows * nb) * sizeof(I8Block));
     if (!xp) return -2;
-    i8_prepare(base, x, rows, in, levels, xp);
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t t = 0; t < groups; t++) i8_group(base, data + t * R16 * rb, nb, xp, rows, levels, y + t * R16, ldy);
+    const int split = rows >= I8_PAR_ROWS; /* fewer rows: prepared before the threads start, no extra barrier */
+    for (int64_t r = 0; !split && r < rows; r++) i8_prepare(base, x, gain, r, in, levels, xp);
+#pragma omp parallel num_threads(num_threads)
+    {
+        if (split) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++) i8_prepare(base, x, gain, r, in, levels, xp);
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < groups; t++)
+            i8_group(base, data + t * R16 * rb, nb, xp, rows, levels, y + t * R16, ldy);
+    }
     free(xp);
     return 0;
 }
