@@ -4,7 +4,10 @@ temperatures. One server per arm, all started first (an idle server uses no CPU)
 concurrency) the arms run one after another in an order that rotates from point to point, so a slow spell of
 the machine falls on every arm alike. With ``--repeats N`` the whole grid runs N times, each time on fresh
 servers: on these VMs one process can run a few per cent faster or slower than another for its whole life, and
-the time between a point's repeats spreads them over the machine's slow and fast spells.
+the time between a point's repeats spreads them over the machine's slow and fast spells. Each run is labelled
+with the vCPUs' placement over it (``near`` / ``far`` / ``mixed``: common.placement_of, measured before and after
+it), and a table compares the arms within each placement (BENCHMARKS.md §13: a VM's placement changes mid-run
+and moves speculation's speed far more than plain decoding's).
 
     python benchmarks/bench_spec_policy.py                                   # defaults below
     python benchmarks/bench_spec_policy.py --concurrency 1 4 16 32 --temperatures 0 0.7 1.0 \\
@@ -29,7 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_serve import start_server, stop_server  # noqa: E402
-from common import environment  # noqa: E402
+from common import environment, placement_of  # noqa: E402
+
+from tandem.native.core_latency import core_round_trip_ns  # noqa: E402
 
 
 def arms(methods: list[str], k: int, fixed_k: list[int], aa: bool = False) -> dict[str, list[str]]:
@@ -94,12 +99,15 @@ def main() -> int:
                              "--seed", "0", "--result-file", str(result), "--disable-tqdm"]
                     if i == 0 and arm == order[0]:
                         commands.append(shlex.join(bench).replace(servers[arm][1], "http://127.0.0.1:PORT"))
+                    before = core_round_trip_ns()
                     subprocess.run([sys.executable, "-m", "tandem.entrypoints.cli", *bench[1:]], check=True,
                                    stdout=subprocess.DEVNULL)
+                    where = placement_of(before, core_round_trip_ns())
                     doc = json.loads(result.read_text())
-                    runs.append({"arm": arm, "temperature": temp, "concurrency": conc, "repeat": rep, "result": doc})
-                    print(f"[{len(runs)}/{total}] T={temp} c={conc} {arm}: {doc['output_throughput']:.1f} tok/s",
-                          flush=True)
+                    runs.append({"arm": arm, "temperature": temp, "concurrency": conc, "repeat": rep,
+                                 "placement": where, "result": doc})
+                    print(f"[{len(runs)}/{total}] T={temp} c={conc} {arm}: {doc['output_throughput']:.1f} tok/s "
+                          f"({where})", flush=True)
         finally:
             for proc, _ in servers.values():
                 stop_server(proc)
@@ -114,10 +122,12 @@ def main() -> int:
     return 0
 
 
-def _tput(runs: list[dict], arm: str, temp: float, conc: int) -> float:
-    """Output tok/s of an arm at a point: every repeat's tokens over every repeat's time."""
-    mine = [r["result"] for r in runs if r["arm"] == arm and r["temperature"] == temp and r["concurrency"] == conc]
-    return sum(d["total_output_tokens"] for d in mine) / sum(d["duration"] for d in mine)
+def _tput(runs: list[dict], arm: str, temp: float, conc: int, where: str | None = None) -> float | None:
+    """Output tok/s of an arm at a point: every repeat's tokens over every repeat's time (``where``: only the runs
+    that stayed in that placement of the vCPUs; None where there is none)."""
+    mine = [r["result"] for r in runs if r["arm"] == arm and r["temperature"] == temp and r["concurrency"] == conc
+            and where in (None, r.get("placement"))]
+    return sum(d["total_output_tokens"] for d in mine) / sum(d["duration"] for d in mine) if mine else None
 
 
 T95 = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23]  # Student's t, 95 % two-sided, 1-10 dof
@@ -160,6 +170,20 @@ def report(runs: list[dict], names: list[str], ns: argparse.Namespace) -> str:
                     mean, half, lo, hi = ratio_spread(runs, arm, temp, conc)
                     cells.append(f"{mean:.3f} ± {half:.3f} [{lo:.2f}, {hi:.2f}]")
                 lines.append(f"| {temp} | {conc} | " + " | ".join(cells) + " |")
+    if any(r.get("placement") in ("near", "far") for r in runs):  # each arm's runs that stayed in one placement
+        lines += ["", "| temperature | concurrency | placement | " + " | ".join(f"{a} / nospec" for a in names[1:])
+                  + " |", "|---|---|---|" + "---|" * (len(names) - 1)]
+        for temp in ns.temperatures:
+            for conc in ns.concurrency:
+                for where in ("near", "far"):
+                    base = _tput(runs, "nospec", temp, conc, where)
+                    cells = []
+                    for arm in names[1:]:
+                        v = _tput(runs, arm, temp, conc, where)
+                        n = sum(r["arm"] == arm and r["temperature"] == temp and r["concurrency"] == conc
+                                and r.get("placement") == where for r in runs)
+                        cells.append(f"{v / base:.2f} ({n})" if v and base else "—")
+                    lines.append(f"| {temp} | {conc} | {where} | " + " | ".join(cells) + " |")
     fixed = {m: [a for a in names if a.startswith(f"{m}_fixed")] for m in ns.methods}
     if any(len(v) > 1 for v in fixed.values()):  # the adaptive policy against the best fixed k, point by point
         lines += ["", "| temperature | concurrency | " + " | ".join(f"{m} adaptive / best fixed" for m in ns.methods)

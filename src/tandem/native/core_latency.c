@@ -19,6 +19,7 @@ typedef struct {
 } Rally;
 
 static int pin(int cpu) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return 0;
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
@@ -36,13 +37,14 @@ static void *second(void *arg) {
     return NULL;
 }
 
-/* Mean nanoseconds of n round trips between CPUs a and b, after n / 4 untimed ones (the calling thread is pinned to a for the call and
- * its affinity restored after). Returns -1 where a thread cannot be started or pinned, -2 for n < 1. */
+/* Mean nanoseconds of n round trips between CPUs a and b, after n / 4 untimed ones (the calling thread is pinned
+ * to a for the call and its affinity restored after). Returns -1 where a thread cannot be started or pinned (a
+ * second thread that cannot be pinned still plays, unpinned, so the call ends), -2 for n < 1. */
 double tandem_core_round_trip_ns(int a, int b, int64_t n) {
     if (n < 1) return -2.0;
     cpu_set_t saved;
     if (pthread_getaffinity_np(pthread_self(), sizeof saved, &saved) != 0 || !pin(a)) return -1.0;
-    static Rally r;
+    Rally r; /* the caller's own: calls from several threads do not share it */
     atomic_store(&r.turn, 0);
     r.n = n + n / 4, r.cpu = b, r.pinned = 0;
     pthread_t t;
