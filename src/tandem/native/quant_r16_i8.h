@@ -224,30 +224,17 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
 
 #define I8_PAR_ROWS 4 /* rows from which the threads split them (decode_forward.c's PAR_ROWS: its split) */
 
-/* A thread's own scratch for rows it prepares for itself: kept for the thread's life, grown as needed, never
- * read by another thread. NULL where it could not be allocated. */
-static I8Block *i8_scratch(size_t n) {
-    static __thread I8Block *buf = NULL;
-    static __thread size_t cap = 0;
-    if (n > cap) {
-        free(buf);
-        cap = 0;
-        buf = aligned_alloc(64, (n * sizeof(I8Block) + 63) / 64 * 64);
-        if (buf) cap = n;
-    }
-    return buf;
-}
-
 /* One interleaved part with int8 activations (levels 1 or 2): y[r * ldy + o] from x (times gain[i] where set).
  * Returns 0 or -2.
  *
- * From I8_PAR_ROWS rows the threads prepare the rows, split as the element-wise steps between products split
- * them (decode_forward.c: rows in static order), then share out the groups: a thread reads the activation
- * rows it wrote itself. Fewer rows (one stream's decode, a short verify) are prepared by every thread into its
- * own scratch: the work is a few blocks, and no thread then writes a line the other has read (each such write
- * waits for the other core's copy to be invalidated). Preparing them all on one thread had it read the other thread's half of x across cores
- * while that thread spun at the barrier — on a VM whose two vCPUs sat on different CCDs (a cache line's round
- * trip ~340 ns instead of ~65: native/core_latency.c) that serial part took 3.5x as long (BENCHMARKS.md §13). */
+ * Where the rows come from matters on a VM whose two vCPUs sit on different core complexes (a cache line's round
+ * trip ~340 ns instead of ~65: native/core_latency.c). Rows prepared by one thread alone had it read the other
+ * thread's half of x across cores while that thread spun at the barrier (3.5x as long there, BENCHMARKS.md §13).
+ * So from I8_PAR_ROWS rows the threads prepare the rows, split as the element-wise steps between products split
+ * them (decode_forward.c: rows in static order), then share out the groups: a thread reads the activation rows
+ * it wrote itself. Fewer rows (one stream's decode, a short verify) are prepared by every thread into its own
+ * scratch (malloc's per-thread arenas: each thread's, call after call): the work is a few blocks, and no thread
+ * writes a line the other has read (each such write waits for the other core's copy to be invalidated). */
 static int i8_gemv(int64_t base, int levels, int64_t prow, int64_t rb, const uint8_t *data, const float *x,
                    const float *gain, int64_t rows, int64_t in, float *y, int64_t ldy, int num_threads) {
     const int64_t nb = in / 32, groups = prow / R16;
@@ -255,12 +242,13 @@ static int i8_gemv(int64_t base, int levels, int64_t prow, int64_t rb, const uin
         int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
         {
-            I8Block *own = i8_scratch((size_t)(rows * nb));
+            I8Block *own = malloc((size_t)(rows * nb) * sizeof(I8Block));
             failed = !own;
             for (int64_t r = 0; own && r < rows; r++) i8_prepare(base, x, gain, r, in, levels, own);
 #pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < groups; t++)
                 if (own) i8_group(base, data + t * R16 * rb, nb, own, rows, levels, y + t * R16, ldy);
+            free(own);
         }
         return failed ? -2 : 0;
     }
