@@ -32,9 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_serve import start_server, stop_server  # noqa: E402
-from common import environment, placement_of  # noqa: E402
-
-from tandem.native.core_latency import core_round_trip_ns  # noqa: E402
+from common import core_round_trip_ns, environment, placement_of  # noqa: E402
 
 
 def arms(methods: list[str], k: int, fixed_k: list[int], aa: bool = False) -> dict[str, list[str]]:
@@ -122,11 +120,16 @@ def main() -> int:
     return 0
 
 
+def _results(runs: list[dict], arm: str, temp: float, conc: int, where: str | None = None) -> list[dict]:
+    """An arm's ``bench serve`` results at a point (``where``: only the runs that stayed in that placement)."""
+    return [r["result"] for r in runs if r["arm"] == arm and r["temperature"] == temp and r["concurrency"] == conc
+            and where in (None, r.get("placement"))]
+
+
 def _tput(runs: list[dict], arm: str, temp: float, conc: int, where: str | None = None) -> float | None:
     """Output tok/s of an arm at a point: every repeat's tokens over every repeat's time (``where``: only the runs
     that stayed in that placement of the vCPUs; None where there is none)."""
-    mine = [r["result"] for r in runs if r["arm"] == arm and r["temperature"] == temp and r["concurrency"] == conc
-            and where in (None, r.get("placement"))]
+    mine = _results(runs, arm, temp, conc, where)
     return sum(d["total_output_tokens"] for d in mine) / sum(d["duration"] for d in mine) if mine else None
 
 
@@ -180,8 +183,7 @@ def report(runs: list[dict], names: list[str], ns: argparse.Namespace) -> str:
                     cells = []
                     for arm in names[1:]:
                         v = _tput(runs, arm, temp, conc, where)
-                        n = sum(r["arm"] == arm and r["temperature"] == temp and r["concurrency"] == conc
-                                and r.get("placement") == where for r in runs)
+                        n = len(_results(runs, arm, temp, conc, where))
                         cells.append(f"{v / base:.2f} ({n})" if v and base else "—")
                     lines.append(f"| {temp} | {conc} | {where} | " + " | ".join(cells) + " |")
     fixed = {m: [a for a in names if a.startswith(f"{m}_fixed")] for m in ns.methods}

@@ -35,6 +35,10 @@
  * the 2-vCPU VMs here; 8 KiB ahead brought SmolLM2's decode forward from 4.3 to 2.75 ms (~27 GB/s, the
  * machine's read bandwidth); 1 KiB gave 3.1-3.4, 4 KiB 2.9, 16 KiB the same as 8. */
 #define R16_PREFETCH 8192
+/* Rows from which a product's threads prepare its input rows in a static split, each the rows it wrote (the
+ * element-wise steps between products split them alike from this many: decode_forward.c's PAR_ROWS);
+ * quant_r16_i8.h's i8_gemv says why. */
+#define R16_PAR_ROWS 4
 
 #define QTYPE_MASK 0xff /* the GGML type under the flags */
 
@@ -255,9 +259,7 @@ static int r16_gemv(int64_t base, int64_t prow, int64_t rb, const uint8_t *data,
     float *xs = malloc((size_t)(rows * nb + (base == GT_Q8_0 ? 0 : rows * in)) * sizeof(float));
     if (!xs) return -2;
     float *xq = base == GT_Q8_0 ? (float *)x : xs + rows * nb;
-    /* From 4 rows (decode_forward.c's PAR_ROWS) each thread prepares the rows it wrote (quant_r16_i8.h's
-     * i8_gemv says why); fewer are prepared before the threads start. */
-    const int split = rows >= 4;
+    const int split = rows >= R16_PAR_ROWS; /* fewer rows: prepared before the threads start */
     for (int64_t r = 0; !split && r < rows; r++) r16_prepare(base, x, r, in, xq, xs);
 #pragma omp parallel num_threads(num_threads)
     {

@@ -222,15 +222,13 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
 #define I8_VNNI 0
 #endif
 
-#define I8_PAR_ROWS 4 /* rows from which the threads split them (decode_forward.c's PAR_ROWS: its split) */
-
 /* One interleaved part with int8 activations (levels 1 or 2): y[r * ldy + o] from x (times gain[i] where set).
  * Returns 0 or -2.
  *
  * Where the rows come from matters on a VM whose two vCPUs sit on different core complexes (a cache line's round
  * trip ~340 ns instead of ~65: native/core_latency.c). Rows prepared by one thread alone had it read the other
  * thread's half of x across cores while that thread spun at the barrier (3.5x as long there, BENCHMARKS.md §13).
- * So from I8_PAR_ROWS rows the threads prepare the rows, split as the element-wise steps between products split
+ * So from R16_PAR_ROWS rows the threads prepare the rows, split as the element-wise steps between products split
  * them (decode_forward.c: rows in static order), then share out the groups: a thread reads the activation rows
  * it wrote itself. Fewer rows (one stream's decode, a short verify) are prepared by every thread into its own
  * scratch (malloc's per-thread arenas: each thread's, call after call): the work is a few blocks, and no thread
@@ -238,7 +236,7 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
 static int i8_gemv(int64_t base, int levels, int64_t prow, int64_t rb, const uint8_t *data, const float *x,
                    const float *gain, int64_t rows, int64_t in, float *y, int64_t ldy, int num_threads) {
     const int64_t nb = in / 32, groups = prow / R16;
-    if (rows < I8_PAR_ROWS) { /* every thread prepares the few rows itself, into its own scratch */
+    if (rows < R16_PAR_ROWS) { /* every thread prepares the few rows itself, into its own scratch */
         int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
         {
