@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, humaneval  # noqa: E402
+from common import core_round_trip_ns, environment, humaneval, placement_of  # noqa: E402
 
 
 def child(method: str, temperature: float, concurrency: int, passes: int, num_prompts: int, output_len: int) -> None:
-    """One arm: ``passes`` + 1 passes over the prompts, one JSON line a counted pass."""
+    """One arm: ``passes`` + 1 passes over the prompts, one JSON line a pass (pass 0: the warm-up, the engine's
+    first load — not counted in the summary, reported apart), each labelled with the vCPUs' placement over it."""
     from tandem import LLM, SamplingParams
     from tandem.model import transformer
 
@@ -46,19 +47,31 @@ def child(method: str, temperature: float, concurrency: int, passes: int, num_pr
     sp = SamplingParams(max_tokens=output_len, temperature=temperature, ignore_eos=True)
     for i in range(passes + 1):
         forward.update(s=0.0, n=0)
+        before = core_round_trip_ns()
         t0 = time.perf_counter()
         outs = llm.generate(prompts, sp, use_tqdm=False)
         seconds = time.perf_counter() - t0
         stats = llm.spec_decode_stats() if method != "none" else {}
         if method != "none":
             llm.reset_spec_decode_stats()
-        if i == 0:
-            continue  # warm-up
-        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        placement = placement_of(before, core_round_trip_ns())
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)  # pass 0: the engine's first load (warm-up)
         print(json.dumps({"method": method, "pass": i, "tok_s": tokens / seconds, "seconds": seconds,
+                          "placement": placement,
                           "forward_s": forward["s"], "forwards": forward["n"],
                           "other_s": seconds - forward["s"], "drafts": stats.get("num_draft_tokens", 0)}),
               flush=True)
+
+
+def summarize(rows: list[dict], methods: list[str]) -> dict[str, dict[str, float]]:
+    """Per method: the mean tok/s, forward and other seconds and drafts of its passes among ``rows``."""
+    out = {}
+    for m in methods:
+        mine = [r for r in rows if r["method"] == m]
+        if mine:
+            n = len(mine)
+            out[m] = {k: sum(r[k] for r in mine) / n for k in ("tok_s", "forward_s", "other_s", "drafts")} | {"n": n}
+    return out
 
 
 def main() -> int:
@@ -87,24 +100,28 @@ def main() -> int:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             got = [json.loads(line) | {"round": r} for line in out.splitlines() if line.startswith("{")]
             rows += got
-            print(f"[{len(rows) // ns.passes}/{total}] {m}: " + ", ".join(f"{g['tok_s']:.1f} tok/s "
+            print(f"[{len(rows) // (ns.passes + 1)}/{total}] {m}: " + ", ".join(f"{g['tok_s']:.1f} tok/s "
                   f"(other {g['other_s']:.2f} s, drafts {g['drafts']})" for g in got), flush=True)
     print("| method | tok/s | x none | forward s a pass | other s a pass | other - none's | drafts a pass |")
     print("|---|---|---|---|---|---|---|")
-    summary = {}
-    for m in ns.methods:
-        mine = [r for r in rows if r["method"] == m]
-        n = len(mine)
-        summary[m] = {"tok_s": sum(r["tok_s"] for r in mine) / n, "forward_s": sum(r["forward_s"] for r in mine) / n,
-                      "other_s": sum(r["other_s"] for r in mine) / n, "drafts": sum(r["drafts"] for r in mine) / n}
+    counted = [r for r in rows if r["pass"] > 0]
+    summary = summarize(counted, ns.methods)
     base = summary.get("none")
     for m, s in summary.items():
         ratio = f"{s['tok_s'] / base['tok_s']:.3f}" if base else "-"
         extra = f"{s['other_s'] - base['other_s']:+.3f}" if base else "-"
         print(f"| {m} | {s['tok_s']:.1f} | {ratio} | {s['forward_s']:.3f} | {s['other_s']:.3f} | {extra} "
               f"| {s['drafts']:.0f} |")
+    by_placement = {}
+    for label, subset in [("first pass (warm-up)", [r for r in rows if r["pass"] == 0])] + [
+            (f"{p} passes", [r for r in counted if r["placement"] == p]) for p in ("near", "far")]:
+        got = summarize(subset, ns.methods)
+        by_placement[label] = got
+        if "none" in got:
+            print(f"{label}: " + ", ".join(f"{m} {s['tok_s']:.1f} tok/s ({s['tok_s'] / got['none']['tok_s']:.3f}x, "
+                                           f"{s['n']} passes)" for m, s in got.items()))
     Path(ns.json).write_text(json.dumps({"environment": environment(), "args": vars(ns), "runs": rows,
-                                         "summary": summary}, indent=1))
+                                         "summary": summary, "by_placement": by_placement}, indent=1))
     return 0
 
 

@@ -362,3 +362,24 @@ def test_each_batch_class_has_its_own_line():
         line.since_explore = -10_000
     assert pol.plan([(_Req("a"), 3)]) == {"a": 3}
     assert set(pol.plan([(_Req(f"w{i}"), 3) for i in range(32)]).values()) == {0}
+
+
+def test_a_batch_larger_than_any_measured_drafts_nothing_until_its_own_line_is_fitted():
+    """A one-stream line (verify rows riding the weight read) would price four streams' rows far too cheap:
+    a class with only smaller ones fitted drafts nothing until its own line is fitted; then its own decides."""
+    pol = AdaptivePolicy(3, "eagle3")
+    pol.lines[1] = BatchLine(_fitted(4e-3, 0.4e-3), since_explore=-10_000)
+    pol._since_deep = -10_000
+    four = [(_Req(f"r{i}"), 3) for i in range(4)]
+    assert pol.plan(four) == {r.request_id: 0 for r, _ in four} and pol.propose_k == 0
+    assert pol.plan([(_Req("a"), 3)])["a"] > 0  # one stream still drafts on its own line
+    pol.lines[3] = BatchLine(_fitted(4e-3, 0.01e-3), since_explore=-10_000)
+    assert sum(pol.plan(four).values()) > 0 and pol.propose_k > 0
+
+
+def test_a_bet_within_the_estimates_error_is_not_taken():
+    """Four streams, one draft each at the prior's 0.6: with a verify row at 1.2 ms the estimates put the best
+    choice 2 % above no drafts — within their own error, so no drafts; at 1.0 ms (+6 %) every draft is taken."""
+    four = [(_Req(f"r{i}"), 1) for i in range(4)]
+    assert sum(_policy(1, 5e-3, 1.2e-3).plan(four).values()) == 0
+    assert sum(_policy(1, 5e-3, 1.0e-3).plan(four).values()) == 4

@@ -24,6 +24,31 @@ def test_cost_fit_recovers_the_line_and_needs_spread():
     assert not same.fitted  # one size only: the slope is unknown
 
 
+def test_a_slope_drowned_in_the_steps_noise_is_not_used():
+    """Three-request steps of a server, their times moved by a millisecond or two by whatever else the host
+    did then: a handful of them gives a slope of any size, fitted but not settled (its standard error beyond
+    ``TRUST`` of a row's mean time): a larger class's line is used instead while there is one; a longer run of
+    the same steps settles it."""
+    from collections import defaultdict
+
+    from tandem.core.step_cost import TRUST, BatchLine, line_cost
+
+    rng = random.Random(0)
+    lines: defaultdict[int, BatchLine] = defaultdict(BatchLine)
+    noisy = lines[2].cost
+    for rows in (3, 9, 3, 9, 3, 6):
+        noisy.observe(rows, 0.004 + 0.001 * rows + rng.gauss(0, 2e-3))
+    assert noisy.fitted and not noisy.settled and line_cost(lines, 3) is noisy  # nothing larger: its own
+    for rows in (4, 8, 12, 4, 8, 12, 4):
+        lines[3].cost.observe(rows, 0.005 + 0.001 * rows)
+    assert line_cost(lines, 3) is lines[3].cost
+    for _ in range(400):
+        rows = rng.choice([3, 6, 9])
+        noisy.observe(rows, 0.004 + 0.001 * rows + rng.gauss(0, 2e-3))
+    assert noisy.settled and noisy.per_row == pytest.approx(0.001, abs=TRUST * 0.002 * 2)
+    assert line_cost(lines, 3) is noisy
+
+
 def test_cost_fit_separates_drafting_passes_from_rows():
     """A draft head's passes cost whatever the rows: the fit finds both where steps vary them apart, and
     leaves the passes at 0 where they always move with the rows (it cannot tell them apart there)."""
@@ -71,17 +96,21 @@ def test_rare_different_steps_still_give_a_steady_slope():
     assert errors[len(errors) // 2] < 0.12 and errors[len(errors) * 9 // 10] < 0.3
 
 
-def test_an_unfitted_batch_class_borrows_the_nearest_fitted_line():
+def test_an_unfitted_batch_class_borrows_the_nearest_larger_fitted_line():
     from collections import defaultdict
 
-    from tandem.core.step_cost import BatchLine, batch_class, line_cost
+    from tandem.core.step_cost import BatchLine, batch_class, fitted_below, line_cost
 
     lines: defaultdict[int, BatchLine] = defaultdict(BatchLine)
-    assert not line_cost(lines, 4).fitted  # nothing fitted anywhere: its own, unfitted
+    assert not line_cost(lines, 4).fitted and not fitted_below(lines, 4)  # nothing fitted anywhere
     for n, per_row in ((1, 0.4e-3), (32, 2e-3)):
         cost = lines[batch_class(n)].cost
         for rows in (n, 2 * n, 3 * n, 4 * n, n, 2 * n, 4 * n, 3 * n):
             cost.observe(rows, 5e-3 + per_row * rows)
     assert [batch_class(n) for n in (1, 2, 3, 4, 16, 32, 63)] == [1, 2, 2, 3, 5, 6, 6]
-    assert line_cost(lines, 2) is lines[1].cost and line_cost(lines, 16) is lines[6].cost
+    # A larger batch's line, never a smaller one's (its rows rode the weight read: too cheap here).
+    assert line_cost(lines, 2) is lines[6].cost and line_cost(lines, 16) is lines[6].cost
     assert line_cost(lines, 40) is lines[6].cost and line_cost(lines, 1).per_row == pytest.approx(0.4e-3)
+    assert fitted_below(lines, 16) and not fitted_below(lines, 1)
+    # Above every fitted class: its own line, unfitted, with smaller ones fitted (the policy drafts nothing).
+    assert not line_cost(lines, 64).fitted and fitted_below(lines, 64)

@@ -31,24 +31,28 @@ second — from two estimates:
   scheduled slot at its average cost, empty ones included, and the acceptance estimate counts an empty slot as
   a miss (``observe_drafts``), so both are per scheduled slot.
 
-A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B`` seconds without drafts.
-Draft slots are taken best first (largest ``g``); of those prefixes the policy keeps the one with the highest
-expected tokens per second, the drafts' own costs (their rows, and the passes their deepest slot needs)
-counted at ``MARGIN`` times their estimate so near-even bets lose. When drafts do not pay — the batch is
-compute-bound, acceptance is low, drafting passes cost more than the tokens they add — every request gets
-``k = 0`` and the proposer is not run (a drafter with its own KV still keeps it current). A row count past
-``fast_rows`` (the native decoder stack's, ``EnginePlan.native_decode_rows``) leaves the fast path for layers
-several times dearer a row, a cliff no line fits: drafts never take a step past it (a step already past it
-without drafts is priced by the line alone), nor do trees. Until the cost is fitted every draft is verified
-(the fixed behaviour, measured). The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
-steps (more often before the first fit) one step does the opposite of the choice — no drafts, or what one
-drafting pass makes (one draft a request; a one-pass drafter's every draft), verified in the next step — so
-the estimate never freezes. While explorations keep finding the same choice (drafting or not), their interval
-doubles, up to ``EXPLORE_MAX``: where drafts never pay exploring is what speculation costs. Acceptance needs
-exploring too: a draft position's estimate learns only from drafts verified there, so a choice shallower than
-the limits allow would keep a low estimate of the deeper positions forever (one left by an earlier workload).
-After ``EXPLORE_EVERY`` steps of such a choice one step drafts as deep as the limits allow and the next
-verifies it all; the interval doubles, up to ``EXPLORE_MAX``, while the choice stays shallow.
+A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B`` seconds without drafts. Draft
+slots are taken best first (largest ``g``); of those prefixes the policy keeps the one with the highest expected
+tokens per second, the drafts' own costs (their rows, and the passes their deepest slot needs) counted at
+``MARGIN`` times their estimate so near-even bets lose, and taken only where the best beats no drafts by
+``MIN_GAIN``. When drafts do not pay — the batch is compute-bound, acceptance is low, drafting passes cost more
+than the tokens they add — every request gets ``k = 0`` and the proposer is not run (a drafter with its own KV
+runs over prompt chunks only). A row count past ``fast_rows`` (the native decoder stack's,
+``EnginePlan.native_decode_rows``) leaves the fast path for layers several times dearer a row, a cliff no line
+fits: drafts never take a step past it (a step already past it without drafts is priced by the line alone), nor do
+trees. Until a cost line is fitted what one drafting pass makes is verified (a draft a request; a one-pass
+drafter's every draft: at 16 streams every draft was ~500 rows before the first fit); a batch class whose own
+slope is not settled takes the line of the nearest fitted class of more requests (``step_cost.line_cost``), and
+where only smaller classes are fitted it drafts nothing but its explorations until its own line is: a smaller
+batch's verify rows ride its weight read. The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
+steps (more often before the first fit) one step does the opposite of the choice — no drafts, or what one drafting
+pass makes (one draft a request; a one-pass drafter's every draft), verified in the next step — so the estimate
+never freezes. While explorations keep finding the same choice (drafting or not), their interval doubles, up to
+``EXPLORE_MAX``: where drafts never pay exploring is what speculation costs. Acceptance needs exploring too: a
+draft position's estimate learns only from drafts verified there, so a choice shallower than the limits allow
+would keep a low estimate of the deeper positions forever (one left by an earlier workload). After
+``EXPLORE_EVERY`` steps of such a choice one step drafts as deep as the limits allow and the next verifies it all;
+the interval doubles, up to ``EXPLORE_MAX``, while the choice stays shallow.
 
 A drafter without a model (``ONE_PASS_METHODS``) also learns while nothing is drafted: on a step that drafts
 nothing a few requests are *shadowed* (core/shadow.py) — the worker runs the drafter for them without verifying,
@@ -76,7 +80,7 @@ from tandem.core.acceptance import GLOBAL_WEIGHT, TEMPERATURE_CLASSES, Acceptanc
 from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
 from tandem.core.shadow import Shadows
-from tandem.core.step_cost import MIN_FIT_STEPS, BatchLine, batch_class, line_cost
+from tandem.core.step_cost import MIN_FIT_STEPS, BatchLine, batch_class, fitted_below, line_cost
 
 POLICIES = ("adaptive", "fixed")
 # Prior conditional acceptance per draft position, by method, before anything is measured.
@@ -92,6 +96,8 @@ MARGIN = 1.15
 # Before a tree is verified: a tree's accepted tokens relative to the chain's (the shipped heads' measure on the
 # report split, BENCHMARKS.md §21: 1.24-1.31x).
 TREE_GAIN_PRIOR = 1.25
+# Drafts must beat no drafts' expected rate by this fraction (after MARGIN): closer bets lost at 4 streams.
+MIN_GAIN = 0.05
 TREE_EXTRA_WEIGHT = 0.2  # EWMA weight of one tree step's cost beyond the fitted line
 
 
@@ -195,6 +201,7 @@ class AdaptivePolicy(FixedPolicy):
                 cands.append((-g, j, i))
         cands.sort()  # best first; a request's slots in order (g falls with j)
         room = self._room(len(decode))
+        plain_rate = best_rate
         for taken, (neg_g, j, _) in enumerate(cands, 1):
             if -neg_g <= best_rate * slot_cost or taken > room:  # this slot and every later one lower the rate
                 break
@@ -204,6 +211,8 @@ class AdaptivePolicy(FixedPolicy):
             passes = max(passes, depth)
             if tokens / seconds > best_rate:
                 best_rate, best_n = tokens / seconds, taken
+        if best_rate < (1.0 + MIN_GAIN) * plain_rate:  # a bet within the estimates' own error: not taken
+            best_n = 0
         chosen = [0] * len(decode)
         for _, _, i in cands[:best_n]:
             chosen[i] += 1
@@ -241,7 +250,12 @@ class AdaptivePolicy(FixedPolicy):
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
         full = self._fill(limits)
-        want = self._allocate(limits) if cost.fitted else full
+        if cost.fitted:
+            want = self._allocate(limits)
+        elif fitted_below(self.lines, len(decode)):  # only smaller batches measured: their rows were cheaper
+            want = [0] * len(decode)
+        else:  # nothing measured yet: what one drafting pass makes (rows of different counts for the fit)
+            want = full if self.max_passes == 1 else self._fill(limits, 1)
         verify = None  # this step's verified drafts where they are not ``want`` (an exploration's)
         line.since_explore += 1
         self._since_deep += 1

@@ -12,7 +12,9 @@ because its own choice made the steps uniform.
 
 The policy keeps one line per batch class (``batch_class``: 1, 2-3, 4-7, ... decoding requests, ``BatchLine``):
 a row's cost is no line across batch sizes (at one stream a verify row rides the weight read, at 32 it is
-compute). A class not yet fitted borrows the nearest fitted class's line (``line_cost``).
+compute). A class whose slope is not yet settled (known to within ``TRUST`` of a row's time) borrows the line
+of the nearest fitted class of more requests (``line_cost``); with only smaller classes fitted it drafts
+nothing until its own line is fitted (``fitted_below``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ SPREAD = 0.05  # relative spread of the rows (std / mean, slope memory) below wh
 # Where passes and rows move together (squared correlation above this) the fit cannot tell them apart: the
 # passes' share is left at 0, all in per_row (the line before passes were counted).
 COLLINEAR = 0.95
+# A slope is used once its standard error is at most this fraction of a row's mean time (``_fit_slopes``).
+TRUST = 0.1
 
 
 @dataclass
@@ -61,12 +65,15 @@ class StepCost:
     dzz: float = 0.0
     dxy: float = 0.0
     dzy: float = 0.0
+    dyy: float = 0.0
     steps: int = 0
     fixed: float = 0.0
     per_row: float = 0.0
     per_pass: float = 0.0
     # Enough steps, of different sizes, have been seen to fit the slopes (it stays True from then on).
     fitted: bool = False
+    # The slope has been known to within ``TRUST`` of a row's mean time (it stays True from then on).
+    settled: bool = False
 
     def observe(self, rows: int, seconds: float, passes: int = 0) -> None:
         if self.recent.n > 0.0:
@@ -74,6 +81,7 @@ class StepCost:
             x, z, y, d = rows - mx, passes - mz, seconds - my, SLOPE_DECAY
             self.n, self.dxx, self.dxz = d * self.n + 1, d * self.dxx + x * x, d * self.dxz + x * z
             self.dzz, self.dxy, self.dzy = d * self.dzz + z * z, d * self.dxy + x * y, d * self.dzy + z * y
+            self.dyy = d * self.dyy + y * y
         self.recent.add(LEVEL_DECAY, rows, passes, seconds)
         self.steps += 1
         mx, mz, my = self.recent.get()
@@ -87,14 +95,19 @@ class StepCost:
             return  # too alike to tell a slope: the last one stands (none yet: not fitted)
         vxx, vzz, vxz = self.dxx / n, self.dzz / n, self.dxz / n
         cxy, czy = self.dxy / n, self.dzy / n
-        slope, per_pass = cxy / vxx, 0.0
+        slope, per_pass, inv_xx = cxy / vxx, 0.0, 1.0 / vxx
         if vzz > 0.0 and vxz * vxz < COLLINEAR * vxx * vzz:
             det = vxx * vzz - vxz * vxz
             per_pass = (vxx * czy - vxz * cxy) / det
             if per_pass > 0.0:
-                slope = (cxy * vzz - vxz * czy) / det
+                slope, inv_xx = (cxy * vzz - vxz * czy) / det, vzz / det
             else:
                 per_pass = 0.0
+        # Settled once the slope's standard error (from the residuals) is within ``TRUST`` of a row's mean time:
+        # a few steps of a rare batch size, their times moved by whatever else the host did then, can give a
+        # slope of any size (``line_cost`` prefers a larger class's line to an unsettled one).
+        resid = max(self.dyy / n - slope * cxy - per_pass * czy, 0.0)
+        self.settled = self.settled or resid * inv_xx / n <= (TRUST * my / max(mx, 1.0)) ** 2
         self.per_row = max(slope, 1e-3 * my / max(mx, 1.0))  # noise never makes rows free
         self.per_pass = per_pass
         self.fitted = True
@@ -103,7 +116,7 @@ class StepCost:
         return self.fixed + self.per_row * rows + self.per_pass * passes
 
     def as_dict(self) -> dict[str, float | int | bool]:
-        return {"fitted": self.fitted, "fixed_s": self.fixed, "per_row_s": self.per_row,
+        return {"fitted": self.fitted, "settled": self.settled, "fixed_s": self.fixed, "per_row_s": self.per_row,
                 "per_pass_s": self.per_pass, "steps": self.steps}
 
 
@@ -123,11 +136,23 @@ class BatchLine:
 
 
 def line_cost(lines: dict[int, BatchLine], num_reqs: int) -> StepCost:
-    """The cost line of ``num_reqs``'s batch class; until it is fitted (the policy explores it every
-    ``MIN_FIT_STEPS`` steps till then), the nearest fitted class's."""
+    """The cost line of ``num_reqs``'s batch class once it is settled; until then the nearest fitted class of
+    *more* requests, if any — a row measured in a larger batch costs at least what it does in this one, while a
+    rare batch size's few steps can give any slope — else its own, fitted or not (the policy explores an
+    unfitted one every ``MIN_FIT_STEPS`` steps). Never a smaller class's: at one stream a verify row rides the
+    weight read (~0.4 ms on a 2-core CPU, against ~1.1 ms at four streams), and that line would buy a larger
+    batch drafts that lose (``fitted_below``)."""
     c = batch_class(num_reqs)
     own = lines[c].cost
-    if own.fitted:
+    if own.settled:
         return own
-    fitted = [(abs(k - c), k) for k, line in lines.items() if line.cost.fitted]
-    return lines[min(fitted)[1]].cost if fitted else own
+    larger = [k for k, line in lines.items() if k > c and line.cost.fitted]
+    return lines[min(larger)].cost if larger else own
+
+
+def fitted_below(lines: dict[int, BatchLine], num_reqs: int) -> bool:
+    """Whether a class of fewer requests than ``num_reqs``'s has a fitted line (while ``line_cost`` has none for
+    it) — then the policy drafts nothing here until this class's own line is fitted, rather than verifying every
+    draft as a server that has measured nothing yet does."""
+    c = batch_class(num_reqs)
+    return any(k < c and line.cost.fitted for k, line in lines.items())
