@@ -29,12 +29,16 @@ ARMS = {
 }
 
 
-def start_server(flags: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str, list[str]]:
+def start_server(flags: list[str], log: Path, src: Path | None = None) -> tuple[subprocess.Popen[bytes], str, list[str]]:
+    """A ``tandem serve`` process (``src``: tandem imported from that source tree, first on ``PYTHONPATH``)."""
     cmd = ["tandem", "serve", "--port", "0", "--disable-uvicorn-access-log", *flags]
     out = log.with_suffix(".stdout")
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
     with open(out, "wb") as so, open(log, "wb") as se:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.entrypoints.cli", *cmd[1:]], stdout=so, stderr=se
+            [sys.executable, "-m", "tandem.entrypoints.cli", *cmd[1:]], stdout=so, stderr=se, env=env
         )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

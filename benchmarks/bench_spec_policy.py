@@ -14,6 +14,7 @@ and moves speculation's speed far more than plain decoding's).
         --methods ngram eagle3 --num-prompts 32 --output-len 64
     python benchmarks/bench_spec_policy.py --methods ngram eagle3 suffix --fixed-k 0 --repeats 3  # adaptive only
     python benchmarks/bench_spec_policy.py --aa ...   # with an A/A control: a second no-speculation server
+    python benchmarks/bench_spec_policy.py --base HEAD~1 ...  # each adaptive arm also from a worktree of HEAD~1
 
 Writes ``benchmarks/results/spec_policy.json`` (every run's ``bench serve`` result; ``--name`` changes the
 stem), a Markdown table (output tok/s and the ratio to no speculation at each point; with several
@@ -33,6 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_serve import start_server, stop_server  # noqa: E402
 from common import core_round_trip_ns, environment, placement_of  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def arms(methods: list[str], k: int, fixed_k: list[int], aa: bool = False) -> dict[str, list[str]]:
@@ -62,6 +65,8 @@ def main() -> int:
                     help="runs of the whole grid, each on fresh servers; tok/s = all their tokens / all their time")
     ap.add_argument("--aa", action="store_true",
                     help="add nospec_b, a second no-speculation server: the A/A control of the comparison")
+    ap.add_argument("--base", help="git revision: every adaptive arm also runs from a worktree of it "
+                    "(``<method>_adaptive_base``), side by side with this checkout's")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--server-flags", default="--max-num-seqs 64", help="extra `tandem serve` flags")
@@ -73,6 +78,14 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="tandem-bench-policy-"))
     print(f"server logs and each run's bench serve result: {logs}", flush=True)
     table = arms(ns.methods, ns.k, ns.fixed_k or [ns.k], ns.aa)
+    sources: dict[str, Path] = {}
+    if ns.base:  # the adaptive arms again, from a worktree of --base
+        tree = Path(tempfile.mkdtemp(prefix="tandem-policy-base-")) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), ns.base], cwd=ROOT, check=True,
+                       capture_output=True)
+        for m in ns.methods:
+            table[f"{m}_adaptive_base"] = table[f"{m}_adaptive"]
+            sources[f"{m}_adaptive_base"] = tree / "src"
     commands: list[str] = []
     runs, names = [], list(table)
     points = [(t, c) for t in ns.temperatures for c in ns.concurrency]
@@ -82,7 +95,8 @@ def main() -> int:
         try:
             for i, (arm, extra) in enumerate(table.items()):
                 print(f"[repeat {rep + 1}/{ns.repeats}, {i + 1}/{len(table)}] starting the {arm} server", flush=True)
-                proc, url, cmd = start_server([*shlex.split(ns.server_flags), *extra], logs / f"{arm}-{rep}.log")
+                proc, url, cmd = start_server([*shlex.split(ns.server_flags), *extra], logs / f"{arm}-{rep}.log",
+                                              sources.get(arm))
                 servers[arm] = (proc, url)
                 if rep == 0:
                     commands.append(shlex.join(cmd))
@@ -109,8 +123,11 @@ def main() -> int:
         finally:
             for proc, _ in servers.values():
                 stop_server(proc)
+    if sources:
+        tree = next(iter(sources.values())).parent
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False, capture_output=True)
     # The machine (CPU kind, cpu_isa, load average at the end of the run) beside the numbers.
-    meta = {"environment": environment(), "commands": commands, "num_prompts": ns.num_prompts,
+    meta = {"environment": environment(), "commands": commands, "base": ns.base, "num_prompts": ns.num_prompts,
             "output_len": ns.output_len, "repeats": ns.repeats}
     (out_dir / f"{ns.name}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     summary = report(runs, list(table), ns)

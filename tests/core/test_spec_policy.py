@@ -364,15 +364,21 @@ def test_each_batch_class_has_its_own_line():
     assert set(pol.plan([(_Req(f"w{i}"), 3) for i in range(32)]).values()) == {0}
 
 
-def test_a_batch_larger_than_any_measured_drafts_nothing_until_its_own_line_is_fitted():
+def test_a_batch_larger_than_any_measured_drafts_only_near_certain_drafts_until_its_own_line_is_fitted():
     """A one-stream line (verify rows riding the weight read) would price four streams' rows far too cheap:
-    a class with only smaller ones fitted drafts nothing until its own line is fitted; then its own decides."""
+    a class with only smaller ones fitted drafts only what is worth ``SURE`` tokens until its own line is
+    fitted; then its own decides."""
     pol = AdaptivePolicy(3, "eagle3")
     pol.lines[1] = BatchLine(_fitted(4e-3, 0.4e-3), since_explore=-10_000)
     pol._since_deep = -10_000
     four = [(_Req(f"r{i}"), 3) for i in range(4)]
     assert pol.plan(four) == {r.request_id: 0 for r, _ in four} and pol.propose_k == 0
     assert pol.plan([(_Req("a"), 3)])["a"] > 0  # one stream still drafts on its own line
+    sure = _Req("s", temperature=0.5)  # (its own temperature class: the greedy ones learn nothing from it)
+    pol.acceptance.kind_of(sure)
+    for _ in range(50):  # a request repeating an earlier output: near-certain drafts are taken anyway
+        pol.acceptance.observe(sure, 3, 3)
+    assert pol.plan([*four[1:], (sure, 3)]) == {"r1": 0, "r2": 0, "r3": 0, "s": 3}
     pol.lines[3] = BatchLine(_fitted(4e-3, 0.01e-3), since_explore=-10_000)
     assert sum(pol.plan(four).values()) > 0 and pol.propose_k > 0
 

@@ -42,9 +42,9 @@ runs over prompt chunks only). A row count past ``fast_rows`` (the native decode
 fits: drafts never take a step past it (a step already past it without drafts is priced by the line alone), nor do
 trees. Until a cost line is fitted what one drafting pass makes is verified (a draft a request; a one-pass
 drafter's every draft: at 16 streams every draft was ~500 rows before the first fit); a batch class whose own
-slope is not settled takes the line of the nearest fitted class of more requests (``step_cost.line_cost``), and
-where only smaller classes are fitted it drafts nothing but its explorations until its own line is: a smaller
-batch's verify rows ride its weight read. The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
+slope is not settled takes the line of the nearest fitted class of more requests (``step_cost.line_cost``); where
+only smaller classes are fitted, until its own line is, only near-certain drafts (``SURE``): a smaller batch's
+verify rows ride its weight read. The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
 steps (more often before the first fit) one step does the opposite of the choice — no drafts, or what one drafting
 pass makes (one draft a request; a one-pass drafter's every draft), verified in the next step — so the estimate
 never freezes. While explorations keep finding the same choice (drafting or not), their interval doubles, up to
@@ -77,6 +77,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from tandem.core.acceptance import GLOBAL_WEIGHT, TEMPERATURE_CLASSES, Acceptance
+from tandem.core.fixed_policy import FixedPolicy
 from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
 from tandem.core.shadow import Shadows
@@ -97,55 +98,9 @@ MARGIN = 1.15
 # report split, BENCHMARKS.md §21: 1.24-1.31x).
 TREE_GAIN_PRIOR = 1.25
 # Drafts must beat no drafts' expected rate by this fraction (after MARGIN): closer bets lost at 4 streams.
+SURE = 0.9  # a class with only smaller ones measured drafts what is worth this many tokens (``_sure``)
 MIN_GAIN = 0.05
 TREE_EXTRA_WEIGHT = 0.2  # EWMA weight of one tree step's cost beyond the fitted line
-
-
-class FixedPolicy:
-    """Every available draft is verified; the proposer always drafts ``k``."""
-
-    name = "fixed"
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.propose_k = k
-        self.propose_tree = True  # with speculative_config.tree: the drafts made this step are a tree
-        self.verified_k = [0] * (k + 1)  # decode steps (of one request) by drafts verified
-        self.num_exploration_steps = 0
-        self.shadows: Shadows | None = None  # a model-free drafter's unverified drafts, scored (core/shadow.py)
-        self.shadow_depth = 0
-
-    def plan(self, decode: list[tuple[Request, int]]) -> dict[str, int]:
-        """Drafts to verify per request this step; ``decode``: (request, drafts available within its limits)
-        for every request that decodes this step. Sets ``propose_k``: the drafts made during this step."""
-        return {req.request_id: cap for req, cap in decode}
-
-    def observe_drafts(
-        self, req: Request, num_valid: int, num_accepted: int, tree: bool = False, num_slots: int | None = None
-    ) -> None:
-        """A decode step of ``req`` came back: it verified ``num_valid`` drafts (0: none; a tree's depth) and
-        accepted ``num_accepted``; ``tree``: the drafts were a tree; ``num_slots``: the draft slots it was
-        scheduled (``None``: ``num_valid``; more under async scheduling where the proposer left some empty)."""
-        self.verified_k[min(num_valid, self.k)] += 1
-
-    def observe_step(self, so: SchedulerOutput, busy: bool) -> None:
-        """Step ``so`` came back; ``busy``: requests are still running (the next step follows at once)."""
-
-    def shadow(self, step_id: int) -> set[str]:
-        """Requests whose drafts the worker makes but does not verify during step ``step_id`` (the one just
-        planned), to be scored against the tokens they commit next (core/shadow.py)."""
-        return set()
-
-    def observe_tokens(self, req: Request, step_id: int, shadow: list[int] | None) -> None:
-        """Step ``step_id`` of ``req`` committed its tokens (the request goes on); ``shadow``: the drafts the
-        worker made without verifying them, continuing from those tokens (None: none)."""
-
-    def forget(self, request_id: str) -> None:
-        """The request is gone."""
-
-    def as_dict(self) -> dict[str, object]:
-        return {"policy": self.name, "verified_k": list(self.verified_k),
-                "num_exploration_steps": self.num_exploration_steps}
 
 
 class AdaptivePolicy(FixedPolicy):
@@ -218,6 +173,20 @@ class AdaptivePolicy(FixedPolicy):
             chosen[i] += 1
         return chosen
 
+    def _sure(self, limits: list[tuple[Request, int]]) -> list[int]:
+        """Each request's leading drafts worth at least ``SURE`` expected tokens, within the fast path: no cost
+        line needed, a near-certain draft pays at any batch size (suffix decoding repeating an earlier output)."""
+        out = []
+        for req, limit in limits:
+            g, n = 1.0, 0
+            for a in self.acceptance.alpha(req)[:limit]:
+                g *= a
+                if g < SURE:
+                    break
+                n += 1
+            out.append(n)
+        return [min(w, f) for w, f in zip(out, self._fill(limits))]
+
     def _room(self, rows: int) -> float:
         """Draft rows a step of ``rows`` rows may add within the fast path (unbounded past it, or without one)."""
         return self.fast_rows - rows if 0 < rows <= self.fast_rows else float("inf")
@@ -253,7 +222,7 @@ class AdaptivePolicy(FixedPolicy):
         if cost.fitted:
             want = self._allocate(limits)
         elif fitted_below(self.lines, len(decode)):  # only smaller batches measured: their rows were cheaper
-            want = [0] * len(decode)
+            want = self._sure(limits)
         else:  # nothing measured yet: what one drafting pass makes (rows of different counts for the fit)
             want = full if self.max_passes == 1 else self._fill(limits, 1)
         verify = None  # this step's verified drafts where they are not ``want`` (an exploration's)
