@@ -34,14 +34,14 @@ second — from two estimates:
 A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B`` seconds without drafts. Draft
 slots are taken best first (largest ``g``); of those prefixes the policy keeps the one with the highest expected
 tokens per second, the drafts' own costs (their rows, and the passes their deepest slot needs) counted at
-``MARGIN`` times their estimate so near-even bets lose, and taken only where the best beats no drafts by
-``MIN_GAIN``. When drafts do not pay — the batch is compute-bound, acceptance is low, drafting passes cost more
+``MARGIN`` times their estimate so near-even bets lose, and (more than one request) taken only where the best
+beats no drafts by ``MIN_GAIN``. When drafts do not pay — the batch is compute-bound, acceptance is low, drafting passes cost more
 than the tokens they add — every request gets ``k = 0`` and the proposer is not run (a drafter with its own KV
 runs over prompt chunks only). A row count past ``fast_rows`` (the native decoder stack's,
 ``EnginePlan.native_decode_rows``) leaves the fast path for layers several times dearer a row, a cliff no line
 fits: drafts never take a step past it (a step already past it without drafts is priced by the line alone), nor do
-trees. Until a cost line is fitted what one drafting pass makes is verified (a draft a request; a one-pass
-drafter's every draft: at 16 streams every draft was ~500 rows before the first fit); a batch class whose own
+trees. Until a cost line is fitted every draft is verified (the fixed behaviour; one draft a request instead left
+the deeper positions' acceptance unlearnt, and one stream stopped drafting); a batch class whose own
 slope is not settled takes the line of the nearest fitted class of more requests (``step_cost.line_cost``); where
 only smaller classes are fitted, until its own line is, only near-certain drafts (``SURE``): a smaller batch's
 verify rows ride its weight read. The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
@@ -97,7 +97,8 @@ MARGIN = 1.15
 # Before a tree is verified: a tree's accepted tokens relative to the chain's (the shipped heads' measure on the
 # report split, BENCHMARKS.md §21: 1.24-1.31x).
 TREE_GAIN_PRIOR = 1.25
-# Drafts must beat no drafts' expected rate by this fraction (after MARGIN): closer bets lost at 4 streams.
+# Drafts of a batch must beat no drafts' expected rate by this fraction (after MARGIN): closer bets lost at 4
+# streams; at one stream (verify rows riding the weight read) they were worth taking.
 SURE = 0.9  # a class with only smaller ones measured drafts what is worth this many tokens (``_sure``)
 MIN_GAIN = 0.05
 TREE_EXTRA_WEIGHT = 0.2  # EWMA weight of one tree step's cost beyond the fitted line
@@ -166,7 +167,7 @@ class AdaptivePolicy(FixedPolicy):
             passes = max(passes, depth)
             if tokens / seconds > best_rate:
                 best_rate, best_n = tokens / seconds, taken
-        if best_rate < (1.0 + MIN_GAIN) * plain_rate:  # a bet within the estimates' own error: not taken
+        if len(decode) > 1 and best_rate < (1.0 + MIN_GAIN) * plain_rate:  # within the estimates' error
             best_n = 0
         chosen = [0] * len(decode)
         for _, _, i in cands[:best_n]:
@@ -223,8 +224,8 @@ class AdaptivePolicy(FixedPolicy):
             want = self._allocate(limits)
         elif fitted_below(self.lines, len(decode)):  # only smaller batches measured: their rows were cheaper
             want = self._sure(limits)
-        else:  # nothing measured yet: what one drafting pass makes (rows of different counts for the fit)
-            want = full if self.max_passes == 1 else self._fill(limits, 1)
+        else:  # nothing measured yet: every draft (the deeper positions' acceptance is learnt from them too)
+            want = full
         verify = None  # this step's verified drafts where they are not ``want`` (an exploration's)
         line.since_explore += 1
         self._since_deep += 1
