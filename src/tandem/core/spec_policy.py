@@ -35,24 +35,24 @@ A step of ``B`` decoding requests yields ``B`` tokens in ``fixed + per_row * B``
 slots are taken best first (largest ``g``); of those prefixes the policy keeps the one with the highest expected
 tokens per second, the drafts' own costs (their rows, and the passes their deepest slot needs) counted at
 ``MARGIN`` times their estimate so near-even bets lose, and (more than one request) taken only where the best
-beats no drafts by ``MIN_GAIN``. When drafts do not pay — the batch is compute-bound, acceptance is low, drafting passes cost more
-than the tokens they add — every request gets ``k = 0`` and the proposer is not run (a drafter with its own KV
-runs over prompt chunks only). A row count past ``fast_rows`` (the native decoder stack's,
+beats no drafts by ``MIN_GAIN``. When drafts do not pay — the batch is compute-bound, acceptance is low, drafting
+passes cost more than the tokens they add — every request gets ``k = 0`` and the proposer is not run (a drafter
+with its own KV runs over prompt chunks only). A row count past ``fast_rows`` (the native decoder stack's,
 ``EnginePlan.native_decode_rows``) leaves the fast path for layers several times dearer a row, a cliff no line
 fits: drafts never take a step past it (a step already past it without drafts is priced by the line alone), nor do
 trees. Until a cost line is fitted every draft is verified (the fixed behaviour; one draft a request instead left
-the deeper positions' acceptance unlearnt, and one stream stopped drafting); a batch class whose own
-slope is not settled takes the line of the nearest fitted class of more requests (``step_cost.line_cost``); where
-only smaller classes are fitted, until its own line is, only near-certain drafts (``SURE``): a smaller batch's
-verify rows ride its weight read. The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode
-steps (more often before the first fit) one step does the opposite of the choice — no drafts, or what one drafting
-pass makes (one draft a request; a one-pass drafter's every draft), verified in the next step — so the estimate
-never freezes. While explorations keep finding the same choice (drafting or not), their interval doubles, up to
-``EXPLORE_MAX``: where drafts never pay exploring is what speculation costs. Acceptance needs exploring too: a
-draft position's estimate learns only from drafts verified there, so a choice shallower than the limits allow
-would keep a low estimate of the deeper positions forever (one left by an earlier workload). After
-``EXPLORE_EVERY`` steps of such a choice one step drafts as deep as the limits allow and the next verifies it all;
-the interval doubles, up to ``EXPLORE_MAX``, while the choice stays shallow.
+the deeper positions' acceptance unlearnt, and one stream stopped drafting); a batch class whose own slope is not
+settled takes the line of the nearest fitted class of more requests (``step_cost.line_cost``); where only smaller
+classes are fitted, until its own line is, only near-certain drafts (``SURE``): a smaller batch's verify rows ride
+its weight read. The fit needs steps of different sizes: every ``EXPLORE_EVERY`` decode steps (more often before
+the first fit) one step does the opposite of the choice — no drafts, or what one drafting pass makes (one draft a
+request; a one-pass drafter's every draft), verified in the next step — so the estimate never freezes. While
+explorations keep finding the same choice (drafting or not), their interval doubles, up to ``EXPLORE_MAX``: where
+drafts never pay exploring is what speculation costs. Acceptance needs exploring too: a draft position's estimate
+learns only from drafts verified there, so a choice shallower than the limits allow would keep a low estimate of
+the deeper positions forever (one left by an earlier workload). After ``EXPLORE_EVERY`` steps of such a choice one
+step drafts as deep as the limits allow and the next verifies it all; the interval doubles, up to ``EXPLORE_MAX``,
+while the choice stays shallow.
 
 A drafter without a model (``ONE_PASS_METHODS``) also learns while nothing is drafted: on a step that drafts
 nothing a few requests are *shadowed* (core/shadow.py) — the worker runs the drafter for them without verifying,
