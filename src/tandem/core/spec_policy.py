@@ -99,8 +99,8 @@ MARGIN = 1.15
 TREE_GAIN_PRIOR = 1.25
 # Drafts of a batch must beat no drafts' expected rate by this fraction (after MARGIN): closer bets lost at 4
 # streams; at one stream (verify rows riding the weight read) they were worth taking.
-SURE = 0.9  # a class with only smaller ones measured drafts what is worth this many tokens (``_sure``)
 MIN_GAIN = 0.05
+SURE = 0.9  # a class with only smaller ones measured drafts what is worth this many tokens (``_sure``)
 TREE_EXTRA_WEIGHT = 0.2  # EWMA weight of one tree step's cost beyond the fitted line
 
 
