@@ -24,6 +24,7 @@ stem), a Markdown table (output tok/s and the ratio to no speculation at each po
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import shlex
 import subprocess
@@ -83,6 +84,8 @@ def main() -> int:
         tree = Path(tempfile.mkdtemp(prefix="tandem-policy-base-")) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(tree), ns.base], cwd=ROOT, check=True,
                        capture_output=True)
+        atexit.register(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False,
+                        capture_output=True)  # also when a run fails or is interrupted
         for m in ns.methods:
             table[f"{m}_adaptive_base"] = table[f"{m}_adaptive"]
             sources[f"{m}_adaptive_base"] = tree / "src"
@@ -123,9 +126,6 @@ def main() -> int:
         finally:
             for proc, _ in servers.values():
                 stop_server(proc)
-    if sources:
-        tree = next(iter(sources.values())).parent
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False, capture_output=True)
     # The machine (CPU kind, cpu_isa, load average at the end of the run) beside the numbers.
     meta = {"environment": environment(), "commands": commands, "base": ns.base, "num_prompts": ns.num_prompts,
             "output_len": ns.output_len, "repeats": ns.repeats}
