@@ -112,5 +112,5 @@ def test_an_unfitted_batch_class_borrows_the_nearest_larger_fitted_line():
     assert line_cost(lines, 2) is lines[6].cost and line_cost(lines, 16) is lines[6].cost
     assert line_cost(lines, 40) is lines[6].cost and line_cost(lines, 1).per_row == pytest.approx(0.4e-3)
     assert fitted_below(lines, 16) and not fitted_below(lines, 1)
-    # Above every fitted class: its own line, unfitted, with smaller ones fitted (the policy drafts nothing).
+    # Above every fitted class: its own line, unfitted, with smaller ones fitted (near-certain drafts only).
     assert not line_cost(lines, 64).fitted and fitted_below(lines, 64)

@@ -13,8 +13,8 @@ because its own choice made the steps uniform.
 The policy keeps one line per batch class (``batch_class``: 1, 2-3, 4-7, ... decoding requests, ``BatchLine``):
 a row's cost is no line across batch sizes (at one stream a verify row rides the weight read, at 32 it is
 compute). A class whose slope is not yet settled (known to within ``TRUST`` of a row's time) borrows the line
-of the nearest fitted class of more requests (``line_cost``); with only smaller classes fitted it drafts
-nothing until its own line is fitted (``fitted_below``).
+of the nearest fitted class of more requests (``line_cost``); with only smaller classes fitted the policy takes
+only near-certain drafts until its own line is fitted (``fitted_below``).
 """
 
 from __future__ import annotations
@@ -106,8 +106,9 @@ class StepCost:
         # Settled once the slope's standard error (from the residuals) is within ``TRUST`` of a row's mean time:
         # a few steps of a rare batch size, their times moved by whatever else the host did then, can give a
         # slope of any size (``line_cost`` prefers a larger class's line to an unsettled one).
-        resid = max(self.dyy / n - slope * cxy - per_pass * czy, 0.0)
-        self.settled = self.settled or resid * inv_xx / n <= (TRUST * my / max(mx, 1.0)) ** 2
+        if not self.settled:
+            resid = max(self.dyy / n - slope * cxy - per_pass * czy, 0.0)
+            self.settled = resid * inv_xx / n <= (TRUST * my / max(mx, 1.0)) ** 2
         self.per_row = max(slope, 1e-3 * my / max(mx, 1.0))  # noise never makes rows free
         self.per_pass = per_pass
         self.fitted = True
@@ -152,7 +153,7 @@ def line_cost(lines: dict[int, BatchLine], num_reqs: int) -> StepCost:
 
 def fitted_below(lines: dict[int, BatchLine], num_reqs: int) -> bool:
     """Whether a class of fewer requests than ``num_reqs``'s has a fitted line (while ``line_cost`` has none for
-    it) — then the policy drafts nothing here until this class's own line is fitted, rather than verifying every
-    draft as a server that has measured nothing yet does."""
+    it) — then the policy takes only near-certain drafts here until this class's own line is fitted, rather than
+    verifying every draft as a server that has measured nothing yet does."""
     c = batch_class(num_reqs)
     return any(k < c and line.cost.fitted for k, line in lines.items())
