@@ -15,10 +15,13 @@ and moves speculation's speed far more than plain decoding's).
     python benchmarks/bench_spec_policy.py --methods ngram eagle3 suffix --fixed-k 0 --repeats 3  # adaptive only
     python benchmarks/bench_spec_policy.py --aa ...   # with an A/A control: a second no-speculation server
     python benchmarks/bench_spec_policy.py --base HEAD~1 ...  # each adaptive arm also from a worktree of HEAD~1
+    python benchmarks/bench_spec_policy.py --same-placement 3 ...  # a point's round again where the placement moved
 
 Writes ``benchmarks/results/spec_policy.json`` (every run's ``bench serve`` result; ``--name`` changes the
 stem), a Markdown table (output tok/s and the ratio to no speculation at each point; with several
-``--fixed-k``, the adaptive policy against the best fixed k at each point) and a plot ``spec_policy.png``.
+``--fixed-k``, the adaptive policy against the best fixed k at each point) and a plot ``spec_policy.png``. With
+``--same-placement N`` a point whose round of arms did not all run in one placement is run again (up to N times);
+a table then compares the arms within the rounds that did, and the plot and the best-fixed table use those rounds.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ def main() -> int:
                     help="k of the fixed-policy arms (default: --k alone; 0: no fixed arm)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of the whole grid, each on fresh servers; tok/s = all their tokens / all their time")
+    ap.add_argument("--same-placement", type=int, default=0, metavar="N",
+                    help="run a point's round of arms again, up to N times, until every arm of the round ran in "
+                    "one placement of the vCPUs (a table then compares the arms within those rounds alone)")
     ap.add_argument("--aa", action="store_true",
                     help="add nospec_b, a second no-speculation server: the A/A control of the comparison")
     ap.add_argument("--base", help="git revision: every adaptive arm also runs from a worktree of it "
@@ -106,23 +112,23 @@ def main() -> int:
             for p, (temp, conc) in enumerate(points):
                 i = rep * len(points) + p
                 order = names[i % len(names):] + names[: i % len(names)]
-                for arm in order:
-                    result = Path(tempfile.mkstemp(suffix=".json", dir=logs)[1])
-                    bench = ["tandem", "bench", "serve", "--base-url", servers[arm][1], "--dataset-name",
-                             "humaneval", "--num-prompts", str(ns.num_prompts), "--random-output-len",
-                             str(ns.output_len), "--max-concurrency", str(conc), "--temperature", str(temp),
-                             "--seed", "0", "--result-file", str(result), "--disable-tqdm"]
-                    if i == 0 and arm == order[0]:
-                        commands.append(shlex.join(bench).replace(servers[arm][1], "http://127.0.0.1:PORT"))
-                    before = core_round_trip_ns()
-                    subprocess.run([sys.executable, "-m", "tandem.entrypoints.cli", *bench[1:]], check=True,
-                                   stdout=subprocess.DEVNULL)
-                    where = placement_of(before, core_round_trip_ns())
-                    doc = json.loads(result.read_text())
-                    runs.append({"arm": arm, "temperature": temp, "concurrency": conc, "repeat": rep,
-                                 "placement": where, "result": doc})
-                    print(f"[{len(runs)}/{total}] T={temp} c={conc} {arm}: {doc['output_throughput']:.1f} tok/s "
-                          f"({where})", flush=True)
+                for attempt in range(1 + ns.same_placement):  # again while the placement moved within the round
+                    first = len(runs)
+                    for arm in order:
+                        bench, run = bench_run(servers[arm][1], temp, conc, ns, logs)
+                        if i == 0 and attempt == 0 and arm == order[0]:
+                            commands.append(shlex.join(bench).replace(servers[arm][1], "http://127.0.0.1:PORT"))
+                        runs.append({"arm": arm, "temperature": temp, "concurrency": conc, "repeat": rep, **run})
+                        print(f"[{len(runs)}/{total}] T={temp} c={conc} {arm}: "
+                              f"{run['result']['output_throughput']:.1f} tok/s ({run['placement']})", flush=True)
+                    moved = {r["placement"] for r in runs[first:]}
+                    for r in runs[first:]:
+                        r["round"], r["uniform"] = attempt, len(moved) == 1 and "mixed" not in moved
+                    if runs[first]["uniform"]:
+                        break
+                    if attempt < ns.same_placement:
+                        print(f"T={temp} c={conc}: the placement moved within the round "
+                              f"({', '.join(sorted(moved))}), running the point again", flush=True)
         finally:
             for proc, _ in servers.values():
                 stop_server(proc)
@@ -137,10 +143,24 @@ def main() -> int:
     return 0
 
 
+def bench_run(url: str, temp: float, conc: int, ns: argparse.Namespace, logs: Path) -> tuple[list[str], dict]:
+    """One ``tandem bench serve`` run against the server at ``url``: its command line, and its result with the
+    vCPUs' placement over it."""
+    result = Path(tempfile.mkstemp(suffix=".json", dir=logs)[1])
+    bench = ["tandem", "bench", "serve", "--base-url", url, "--dataset-name", "humaneval", "--num-prompts",
+             str(ns.num_prompts), "--random-output-len", str(ns.output_len), "--max-concurrency", str(conc),
+             "--temperature", str(temp), "--seed", "0", "--result-file", str(result), "--disable-tqdm"]
+    before = core_round_trip_ns()
+    subprocess.run([sys.executable, "-m", "tandem.entrypoints.cli", *bench[1:]], check=True, stdout=subprocess.DEVNULL)
+    where = placement_of(before, core_round_trip_ns())
+    return bench, {"placement": where, "result": json.loads(result.read_text())}
+
+
 def _results(runs: list[dict], arm: str, temp: float, conc: int, where: str | None = None) -> list[dict]:
-    """An arm's ``bench serve`` results at a point (``where``: only the runs that stayed in that placement)."""
+    """An arm's ``bench serve`` results at a point (``where``: only the runs that stayed in that placement;
+    ``"uniform"``: only the rounds in which every arm ran in one placement, ``--same-placement``)."""
     return [r["result"] for r in runs if r["arm"] == arm and r["temperature"] == temp and r["concurrency"] == conc
-            and where in (None, r.get("placement"))]
+            and (where in (None, r.get("placement")) or (where == "uniform" and r.get("uniform")))]
 
 
 def _tput(runs: list[dict], arm: str, temp: float, conc: int, where: str | None = None) -> float | None:
@@ -150,16 +170,23 @@ def _tput(runs: list[dict], arm: str, temp: float, conc: int, where: str | None 
     return sum(d["total_output_tokens"] for d in mine) / sum(d["duration"] for d in mine) if mine else None
 
 
+def _where(runs: list[dict], temp: float, conc: int, ns: argparse.Namespace) -> str | None:
+    """``"uniform"`` where ``--same-placement`` got a point a round in one placement (its arms compared there),
+    else None (every run)."""
+    return "uniform" if ns.same_placement and any(
+        r.get("uniform") for r in runs if (r["temperature"], r["concurrency"]) == (temp, conc)) else None
+
+
 T95 = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23]  # Student's t, 95 % two-sided, 1-10 dof
 
 
 def ratio_spread(runs: list[dict], arm: str, temp: float, conc: int) -> tuple[float, float, float, float]:
     """An arm's tok/s over no speculation's, repeat by repeat (each repeat's arms ran side by side): their mean,
     the 95 % confidence half-width of that mean (Student's t), the lowest and the highest."""
-    def tput(a: str, rep: int) -> float:
-        (d,) = [r["result"] for r in runs if (r["arm"], r["temperature"], r["concurrency"], r["repeat"])
+    def tput(a: str, rep: int) -> float:  # over the repeat's rounds at the point (``--same-placement``)
+        mine = [r["result"] for r in runs if (r["arm"], r["temperature"], r["concurrency"], r["repeat"])
                 == (a, temp, conc, rep)]
-        return d["total_output_tokens"] / d["duration"]
+        return sum(d["total_output_tokens"] for d in mine) / sum(d["duration"] for d in mine)
 
     reps = sorted({r["repeat"] for r in runs})
     ratios = [tput(arm, rep) / tput("nospec", rep) for rep in reps]
@@ -203,16 +230,28 @@ def report(runs: list[dict], names: list[str], ns: argparse.Namespace) -> str:
                         n = len(_results(runs, arm, temp, conc, where))
                         cells.append(f"{v / base:.2f} ({n})" if v and base else "—")
                     lines.append(f"| {temp} | {conc} | {where} | " + " | ".join(cells) + " |")
+    if ns.same_placement:  # only the rounds in which every arm ran in one placement
+        lines += ["", "| temperature | concurrency | rounds in one placement | " + " | ".join(
+            f"{a} / nospec" for a in names[1:]) + " |", "|---|---|---|" + "---|" * (len(names) - 1)]
+        for temp in ns.temperatures:
+            for conc in ns.concurrency:
+                mine = [r for r in runs if (r["temperature"], r["concurrency"], r["arm"]) == (temp, conc, "nospec")
+                        and r.get("uniform")]
+                base = _tput(runs, "nospec", temp, conc, "uniform")
+                cells = [f"{_tput(runs, a, temp, conc, 'uniform') / base:.2f}" if base else "—" for a in names[1:]]
+                what = ", ".join(r["placement"] for r in mine) or "none"
+                lines.append(f"| {temp} | {conc} | {what} | " + " | ".join(cells) + " |")
     fixed = {m: [a for a in names if a.startswith(f"{m}_fixed")] for m in ns.methods}
     if any(len(v) > 1 for v in fixed.values()):  # the adaptive policy against the best fixed k, point by point
+        # (with --same-placement: within the rounds in one placement where a point has one)
         lines += ["", "| temperature | concurrency | " + " | ".join(f"{m} adaptive / best fixed" for m in ns.methods)
                   + " |", "|---|---|" + "---|" * len(ns.methods)]
         for temp in ns.temperatures:
             for conc in ns.concurrency:
-                cells = []
+                cells, w = [], _where(runs, temp, conc, ns)
                 for m in ns.methods:
-                    best = max(fixed[m], key=lambda a: _tput(runs, a, temp, conc))
-                    cells.append(f"{_tput(runs, f'{m}_adaptive', temp, conc) / _tput(runs, best, temp, conc):.2f}"
+                    best = max(fixed[m], key=lambda a: _tput(runs, a, temp, conc, w))
+                    cells.append(f"{_tput(runs, f'{m}_adaptive', temp, conc, w) / _tput(runs, best, temp, conc, w):.2f}"
                                  f" ({best})")
                 lines.append(f"| {temp} | {conc} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -228,7 +267,8 @@ def plot(runs: list[dict], names: list[str], ns: argparse.Namespace, path: Path)
     axes = axes if len(ns.temperatures) > 1 else [axes]
     for ax, temp in zip(axes, ns.temperatures):
         for arm in names[1:]:
-            ratios = [_tput(runs, arm, temp, c) / _tput(runs, "nospec", temp, c) for c in ns.concurrency]
+            ratios = [_tput(runs, arm, temp, c, _where(runs, temp, c, ns))
+                      / _tput(runs, "nospec", temp, c, _where(runs, temp, c, ns)) for c in ns.concurrency]
             ax.plot(ns.concurrency, ratios, marker="o", linestyle="-" if "adaptive" in arm else "--", label=arm)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xscale("log", base=2)
