@@ -98,7 +98,7 @@ def main() -> int:
     commands: list[str] = []
     runs, names = [], list(table)
     points = [(t, c) for t in ns.temperatures for c in ns.concurrency]
-    total = len(points) * len(names) * ns.repeats
+    total = f"{len(points) * len(names) * ns.repeats}{'+' if ns.same_placement else ''}"  # (+: rounds run again)
     for rep in range(ns.repeats):  # every repeat on fresh servers: one process's speed is not every repeat's
         servers = {}
         try:
