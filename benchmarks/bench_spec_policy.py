@@ -266,9 +266,10 @@ def plot(runs: list[dict], names: list[str], ns: argparse.Namespace, path: Path)
     fig, axes = plt.subplots(1, len(ns.temperatures), figsize=(5 * len(ns.temperatures), 4), sharey=True)
     axes = axes if len(ns.temperatures) > 1 else [axes]
     for ax, temp in zip(axes, ns.temperatures):
+        wheres = [_where(runs, temp, c, ns) for c in ns.concurrency]  # each point's runs compared
         for arm in names[1:]:
-            ratios = [_tput(runs, arm, temp, c, _where(runs, temp, c, ns))
-                      / _tput(runs, "nospec", temp, c, _where(runs, temp, c, ns)) for c in ns.concurrency]
+            ratios = [_tput(runs, arm, temp, c, w) / _tput(runs, "nospec", temp, c, w)
+                      for c, w in zip(ns.concurrency, wheres)]
             ax.plot(ns.concurrency, ratios, marker="o", linestyle="-" if "adaptive" in arm else "--", label=arm)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xscale("log", base=2)
