@@ -1,5 +1,6 @@
 """What computes a step, resolved once at start-up: the attention backend, the linear kernels, the native
-decoder stack and the native libraries (on or off, and their ISA variant).
+decoder stack, the native libraries (on or off, and their ISA variant) and where unseeded sampling noise comes
+from.
 
 :func:`resolve_execution` makes every choice from the device and the ``TANDEM_*`` overrides (overrides.py,
 the only place they are read); ``tandem config`` shows the result (``execution``), and every worker gets it in
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tandem import native, overrides
+from tandem.sample import rng
 
 if TYPE_CHECKING:
     from tandem.model.transformer import CausalLM
@@ -30,6 +32,9 @@ class ExecutionPlan:
     native: bool  # the native C kernels at all
     native_isa: str  # the variant they are built as: native, avx2 or portable (native.ISA_FLAGS)
     compiled_isa: str | None  # what that variant compiles to on this CPU; None without native kernels
+    # Exp(1) noise of unseeded sampled rows: "native" (native/sample_noise.c, CPU) or "torch" (the device's
+    # default generator); seeded rows always draw from their own torch generator (sample/rng.py).
+    sampling_noise: str = "torch"
 
     def __post_init__(self) -> None:
         from tandem.model.attention import ATTENTION_BACKENDS
@@ -43,6 +48,8 @@ class ExecutionPlan:
             raise ValueError(f"linear_kernels {self.linear_kernels!r}; registered: {sorted(LINEAR_KERNELS)}")
         if self.native_isa not in native.ISA_FLAGS:
             raise ValueError(f"native_isa {self.native_isa!r}; one of {sorted(native.ISA_FLAGS)}")
+        if self.sampling_noise not in rng.NOISE_SOURCES:
+            raise ValueError(f"sampling_noise {self.sampling_noise!r}; one of {rng.NOISE_SOURCES}")
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -50,6 +57,7 @@ class ExecutionPlan:
     def apply_process_wide(self) -> None:
         """Make this process's native libraries the plan's (a worker, before it builds anything)."""
         native.configure(enabled=self.native, isa=self.native_isa)
+        rng.configure_noise(self.sampling_noise)
 
 
 def resolve_execution(device: torch.device | str) -> ExecutionPlan:
@@ -66,6 +74,7 @@ def resolve_execution(device: torch.device | str) -> ExecutionPlan:
         native=native.enabled(),
         native_isa=native.default_isa(),
         compiled_isa=native.compiled_isa(),
+        sampling_noise=rng.noise_source(device),
     )
 
 
@@ -79,4 +88,5 @@ def built_execution(model: CausalLM) -> dict[str, object]:
         native=native.enabled(),
         native_isa=native.default_isa(),
         compiled_isa=native.compiled_isa(),
+        sampling_noise=rng.noise_source(model.norm.device),
     ).as_dict()

@@ -14,10 +14,10 @@ from tandem.sample import (
     SamplingMetadata,
     greedy_verify,
     greedy_verify_rows,
-    make_generator,
     num_accepted,
     rejection_sample,
 )
+from tandem.sample.rng import make_row_rng
 from tandem.sampling_params import SamplingParams
 from tests.sample.test_rejection_sampler import empirical, reference_top_k_top_p, tv, tv_bound
 
@@ -174,7 +174,7 @@ def test_glue_reads_rows_in_place_equal_to_padded_rule(seed: int, with_draft_pro
     starts = [sum(n + 1 for n in num_drafts[:b]) for b in range(len(num_drafts))]
     index = torch.tensor([[s + min(j, n) for j in range(k + 1)] for s, n in zip(starts, num_drafts)])
     greedy = [meta.is_greedy[s] for s in starts]
-    gens = [None if g else make_generator(meta.generator_keys[s], "cpu") for g, s in zip(greedy, starts)]
+    gens = [None if g else make_row_rng(meta.generator_keys[s], "cpu") for g, s in zip(greedy, starts)]
     ref = rejection_sample(Sampler().compute_probs(logits, meta)[index], drafts, q, gens, torch.tensor(greedy))
     assert out.tolist() == ref.tolist()
     assert (out[1, 1:] == -1).all() and out[1, 0] >= 0  # no drafts: one token

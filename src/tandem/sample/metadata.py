@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.sample.bad_words import BadWordIds, banned_tokens
-from tandem.sample.rng import make_generator, position_key
+from tandem.sample.rng import RowRng, make_row_rng, noise_source, position_key
 from tandem.sampling_params import SamplingParams
 
 TokenIds = Sequence[int] | torch.Tensor
@@ -124,13 +124,15 @@ class SamplingMetadata:
     min_tokens_ban: BannedTokens | None
     bad_words_ban: BannedTokens | None = None
 
-    def generators(self) -> list[torch.Generator | None]:
-        """Fresh position-keyed generators for the random rows (None for greedy rows).
+    def generators(self) -> list[RowRng | None]:
+        """Fresh position-keyed sources for the random rows (None for greedy rows): generators or native streams
+        (``rng.make_row_rng``).
 
         Fresh on every call, so sampling twice from the same metadata gives the same tokens.
         """
+        native = noise_source(self.device) == "native"
         return [
-            None if greedy else make_generator(key, self.device)
+            None if greedy else make_row_rng(key, self.device, native)
             for greedy, key in zip(self.is_greedy, self.generator_keys)
         ]
 

@@ -49,7 +49,7 @@ import torch
 
 from tandem.sample.argmax import argmax_last
 from tandem.sample.metadata import SamplingMetadata, to_device
-from tandem.sample.rng import exponential_noise, make_generator, race_sample, uniform_noise
+from tandem.sample.rng import RowRng, exponential_noise, make_row_rng, noise_source, race_sample, uniform_noise
 from tandem.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
 
 PLACEHOLDER = -1
@@ -59,7 +59,7 @@ def rejection_sample(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
-    generators: Sequence[torch.Generator | None] | None,
+    generators: Sequence[RowRng | None] | None,
     greedy_mask: torch.Tensor,
 ) -> torch.Tensor:
     """Verify drafts against the target; returns ``[B, K+1]`` int64 output ids padded with -1.
@@ -125,7 +125,7 @@ def _rejection_sample(
     index: torch.Tensor,
     draft: torch.Tensor,
     q: torch.Tensor | None,
-    generators: Sequence[torch.Generator | None] | None,
+    generators: Sequence[RowRng | None] | None,
     greedy_mask: torch.Tensor,
     *,
     any_random: bool,
@@ -187,7 +187,7 @@ def _check(
     p: torch.Tensor,
     draft: torch.Tensor,
     q: torch.Tensor | None,
-    generators: Sequence[torch.Generator | None] | None,
+    generators: Sequence[RowRng | None] | None,
     greedy_mask: torch.Tensor,
 ) -> tuple[int, int]:
     if p.dim() != 3:
@@ -279,8 +279,9 @@ class RejectionSampler:
         else:
             target_probs = self.sampler.compute_probs(logits, meta)  # [R, V]: p_i of request b in row index[b, i]
             greedy = [meta.is_greedy[s] for s in starts]
+            native = noise_source(device) == "native"
             generators = [
-                None if g else make_generator(meta.generator_keys[s], device)
+                None if g else make_row_rng(meta.generator_keys[s], device, native)
                 for g, s in zip(greedy, starts)
             ]
             greedy_mask = to_device(greedy, torch.bool, device)

@@ -41,7 +41,7 @@ import torch
 
 from tandem.sample.argmax import argmax_last
 from tandem.sample.rejection import PLACEHOLDER
-from tandem.sample.rng import exponential_noise, race_sample, uniform_noise
+from tandem.sample.rng import RowRng, exponential_noise, race_sample, uniform_noise
 
 
 class TreeVerdict(NamedTuple):
@@ -93,7 +93,7 @@ def tree_rejection_sample(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
     parent: torch.Tensor,
-    generators: Sequence[torch.Generator | None] | None,
+    generators: Sequence[RowRng | None] | None,
     greedy_mask: torch.Tensor,
     max_depth: int | None = None,
 ) -> TreeVerdict:
@@ -125,7 +125,7 @@ def _walk(
     p: torch.Tensor | None,
     d: torch.Tensor,
     parent: torch.Tensor,
-    generators: Sequence[torch.Generator | None] | None,
+    generators: Sequence[RowRng | None] | None,
     greedy_mask: torch.Tensor,
     max_depth: int | None = None,
 ) -> TreeVerdict:
