@@ -1,6 +1,6 @@
 """What computes a step, resolved once at start-up: the attention backend, the linear kernels, the native
-decoder stack, the native libraries (on or off, and their ISA variant) and where unseeded sampling noise comes
-from.
+decoder stack, the native libraries (on or off, and their ISA variant) and where sampled rows' random numbers
+come from.
 
 :func:`resolve_execution` makes every choice from the device and the ``TANDEM_*`` overrides (overrides.py,
 the only place they are read); ``tandem config`` shows the result (``execution``), and every worker gets it in
@@ -32,8 +32,8 @@ class ExecutionPlan:
     native: bool  # the native C kernels at all
     native_isa: str  # the variant they are built as: native, avx2 or portable (native.ISA_FLAGS)
     compiled_isa: str | None  # what that variant compiles to on this CPU; None without native kernels
-    # Exp(1) noise of unseeded sampled rows: "native" (native/sample_noise.c, CPU) or "torch" (the device's
-    # default generator); seeded rows always draw from their own torch generator (sample/rng.py).
+    # Sampled rows' random numbers: "native" (each row the counter-based stream at its position key,
+    # native/sample_noise.c; the CPU) or "torch" (a torch.Generator seeded with the key); sample/rng.py.
     sampling_noise: str = "torch"
 
     def __post_init__(self) -> None:

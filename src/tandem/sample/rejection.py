@@ -34,8 +34,8 @@ Corner cases, decided here:
   bonus draw uses an exponential race, which does not need normalising.
 
 Randomness: per random row, ``V`` exponentials for the final token first, then ``K`` uniforms for
-the acceptance tests, from that row's generator (``rng.py`` documents the keying); rows without a
-generator share one batched draw from the default generator. Greedy rows consume nothing that
+the acceptance tests, from that row's source (a generator or a native stream: ``rng.py`` documents
+the keying and the order); rows without one share one batched draw. Greedy rows consume nothing that
 matters.
 """
 
@@ -225,7 +225,7 @@ class RejectionSampler:
     Request b owns ``num_draft_tokens[b] + 1`` consecutive rows of ``logits`` and of the metadata
     (built with one :class:`~tandem.sample.metadata.RowSpec` per verify row). Its target
     distributions come from :meth:`Sampler.compute_probs`, its greedy flag from its first row, and
-    its generator is the position-keyed generator of its first verify row (seed, position of the
+    its random numbers the position-keyed source of its first verify row (seed, position of the
     first token it can emit).
     """
 

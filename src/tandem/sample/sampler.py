@@ -3,7 +3,7 @@
 Pipeline for a ``[N, V]`` logits matrix (see ``logits_processors.py`` for the order and its
 reasons): raw logprobs (if asked) → whitelist / bias → min_tokens ban → bad words → penalties →
 greedy argmax → temperature → min_p → top-k / top-p → softmax → exponential race with the row's
-position-keyed generator (``rng.py``).
+position-keyed noise (``rng.py``).
 
 Fast paths: a plain greedy batch is one argmax; a plain temperature batch is a division, a softmax
 and the race. Nothing here moves data to the host; the only host work is one generator per random
