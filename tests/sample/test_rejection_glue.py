@@ -16,8 +16,10 @@ from tandem.sample import (
     greedy_verify_rows,
     num_accepted,
     rejection_sample,
+    rng,
 )
-from tandem.sample.rng import make_row_rng
+from tandem.sample.rejection import rejection_sample_rows
+from tandem.sample.rng import make_row_rng, position_key
 from tandem.sampling_params import SamplingParams
 from tests.sample.test_rejection_sampler import empirical, reference_top_k_top_p, tv, tv_bound
 
@@ -178,3 +180,38 @@ def test_glue_reads_rows_in_place_equal_to_padded_rule(seed: int, with_draft_pro
     ref = rejection_sample(Sampler().compute_probs(logits, meta)[index], drafts, q, gens, torch.tensor(greedy))
     assert out.tolist() == ref.tolist()
     assert (out[1, 1:] == -1).all() and out[1, 0] >= 0  # no drafts: one token
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_host_rule_equals_the_tensor_rule(seed: int) -> None:
+    """``rejection_sample_rows`` (the CPU's acceptance tests on host lists) against the tensor rule on the same
+    rows and the same sources, token for token: ragged drafts, a -1 inside a request's drafts, greedy requests
+    beside random ones, a request with no drafts, rows whose whole mass is on the draft (a rejection there
+    draws from p itself) and sharp rows that accept often."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab, width = 12, 3
+    num_drafts = [3, 0, 2, 3, 1, 3]
+    greedy = [False, False, True, False, False, seed % 2 == 0]
+    drafts = torch.randint(0, vocab, (len(num_drafts), width), generator=gen)
+    drafts[3, 1] = -1  # only its first draft counts
+    rows = sum(n + 1 for n in num_drafts)
+    logits = torch.randn(rows, vocab, generator=gen) * (1 + 4 * torch.rand(rows, 1, generator=gen))
+    p_rows = torch.softmax(logits, dim=-1)
+    starts = [sum(n + 1 for n in num_drafts[:b]) for b in range(len(num_drafts))]
+    for b, s in enumerate(starts):  # drafts often the row's likeliest token; one row all on its draft
+        for j in range(num_drafts[b]):
+            if torch.rand((), generator=gen) < 0.5:
+                drafts[b, j] = int(p_rows[s + j].argmax())
+    p_rows[starts[4]] = 0.0  # (unnormalised: a rejection leaves nothing else, so the final is drawn from p)
+    p_rows[starts[4], int(drafts[4, 0])] = 0.6
+    p_rows[starts[0] + 1] = torch.nn.functional.one_hot(drafts[0, 1], vocab).float() * 0.999 + 0.0001 / vocab
+    padded = torch.stack([p_rows[[s + min(j, n) for j in range(width + 1)]] for s, n in zip(starts, num_drafts)])
+    masked = torch.where(torch.arange(width) < torch.tensor(num_drafts).unsqueeze(1), drafts, -1)
+    keys = [position_key(seed * 7 + b, 3) for b in range(len(num_drafts))]
+    for native in (True, False):
+        if native and rng.noise_source("cpu") != "native":
+            continue
+        sources = lambda: [None if g else rng.make_row_rng(k, "cpu", native) for g, k in zip(greedy, keys)]  # noqa: E731
+        host = rejection_sample_rows(p_rows, drafts.tolist(), num_drafts, width, sources(), greedy)
+        ref = rejection_sample(padded, masked, None, sources(), torch.tensor(greedy))
+        assert host.tolist() == ref.tolist(), native

@@ -120,6 +120,65 @@ def greedy_verify_rows(
     return out
 
 
+def rejection_sample_rows(
+    p_rows: torch.Tensor,
+    draft_token_ids: Sequence[Sequence[int]],
+    num_draft_tokens: Sequence[int],
+    width: int,
+    generators: Sequence[RowRng | None],
+    greedy: Sequence[bool],
+) -> torch.Tensor:
+    """The rule without draft probabilities (one-hot q), deciding on host lists: ``p_rows`` [R, V] the verify rows
+    laid out as :func:`greedy_verify_rows` takes them, ``generators`` / ``greedy`` one per request. A CPU verify
+    step's acceptance tests are a handful of numbers: the noise and the uniforms drawn (in the rule's order), the
+    drafts' probabilities read in one gather, the tests in Python, then one race over each request's final row
+    — ~8 tensor operations where the tensor rule (:func:`_rejection_sample`, the reference; tested equal, token
+    for token) takes ~30. Returns ``[B, width + 1]`` ids, -1 padded."""
+    batch, vocab = len(num_draft_tokens), p_rows.shape[1]
+    starts = list(accumulate((n + 1 for n in num_draft_tokens), initial=0))[:-1]
+    # a request's drafts: the prefix of its slots before the first -1
+    valid = []
+    for drafts, n in zip(draft_token_ids, num_draft_tokens):
+        m = 0
+        while m < n and drafts[m] >= 0:
+            m += 1
+        valid.append(m)
+    noise = exponential_noise(batch, vocab, generators, p_rows.device)  # drawn first: see the module doc
+    u = uniform_noise(batch, width, generators, p_rows.device).tolist()
+    flat = [(starts[b] + j) * vocab + draft_token_ids[b][j] for b in range(batch) for j in range(valid[b])
+            if not greedy[b]]
+    p_d = iter(p_rows.reshape(-1).index_select(0, torch.tensor(flat)).tolist() if flat else [])
+    top = argmax_last(p_rows).tolist() if any(greedy) else []
+    accepted = []
+    for b in range(batch):
+        a = 0
+        while a < valid[b]:
+            d = draft_token_ids[b][a]
+            if greedy[b]:
+                ok = d == top[starts[b] + a]
+            else:
+                p = next(p_d)
+                ok = p >= 1.0 or u[b][a] < p  # min(1, p / q) with q(d) = 1
+            if not ok:
+                break
+            a += 1
+        if not greedy[b]:
+            for _ in range(a + 1, valid[b]):  # untested drafts' probabilities (read in the one gather)
+                next(p_d)
+        accepted.append(a)
+    dist = p_rows.index_select(0, torch.tensor([starts[b] + a for b, a in enumerate(accepted)]))  # [B, V]
+    rejected = [b for b, a in enumerate(accepted) if a < valid[b] and not greedy[b]]
+    if rejected:  # the residual of a one-hot q: p without the rejected draft, unless nothing else is left
+        rows = torch.tensor(rejected)
+        cols = torch.tensor([draft_token_ids[b][accepted[b]] for b in rejected])
+        p_df = dist[rows, cols]
+        dist[rows, cols] = 0.0
+        dist[rows, cols] = torch.where(dist[rows].sum(dim=1) > 0, 0.0, p_df)
+    sampled = race_sample(dist, noise).tolist()
+    return torch.tensor([[*draft_token_ids[b][:a], top[starts[b] + a] if greedy[b] else sampled[b],
+                          *[PLACEHOLDER] * (width - a)] for b, a in enumerate(accepted)], dtype=torch.int64)
+
+
 def _rejection_sample(
     p_rows: torch.Tensor,
     index: torch.Tensor,
@@ -264,6 +323,18 @@ class RejectionSampler:
             rows = greedy_verify_rows(ids, draft_token_ids.tolist(), num_draft_tokens, width)
             return self._output(logits, meta, num_draft_tokens, torch.tensor(rows, dtype=torch.int64))
         starts = list(accumulate((n + 1 for n in num_draft_tokens), initial=0))[:-1]
+        if not meta.all_greedy:
+            target_probs = self.sampler.compute_probs(logits, meta)  # [R, V]: p_i of request b in row index[b, i]
+            greedy = [meta.is_greedy[s] for s in starts]
+            native = noise_source(device) == "native"
+            generators = [
+                None if g else make_row_rng(meta.generator_keys[s], device, native)
+                for g, s in zip(greedy, starts)
+            ]
+            if device.type == "cpu" and draft_probs is None:  # the tests on host lists (the same tokens)
+                out = rejection_sample_rows(target_probs, draft_token_ids.tolist(), num_draft_tokens, width,
+                                            generators, greedy)
+                return self._output(logits, meta, num_draft_tokens, out)
         num_drafts = to_device(list(num_draft_tokens), torch.int64, device).unsqueeze(1)
         slots = torch.arange(width + 1, device=device)
         # Slot j of request b reads row start_b + min(j, k_b): slots past the bonus repeat it.
@@ -277,17 +348,9 @@ class RejectionSampler:
             target_ids = self.sampler.greedy_token_ids(logits, meta)[index]
             out = greedy_verify(target_ids, drafts)
         else:
-            target_probs = self.sampler.compute_probs(logits, meta)  # [R, V]: p_i of request b in row index[b, i]
-            greedy = [meta.is_greedy[s] for s in starts]
-            native = noise_source(device) == "native"
-            generators = [
-                None if g else make_row_rng(meta.generator_keys[s], device, native)
-                for g, s in zip(greedy, starts)
-            ]
-            greedy_mask = to_device(greedy, torch.bool, device)
             out = _rejection_sample(
-                target_probs, index, drafts, draft_probs, generators, greedy_mask, any_random=not all(greedy),
-                any_greedy=any(greedy),
+                target_probs, index, drafts, draft_probs, generators, to_device(greedy, torch.bool, device),
+                any_random=not all(greedy), any_greedy=any(greedy),
             )
         return self._output(logits, meta, num_draft_tokens, out)
 

@@ -190,10 +190,11 @@ def _fill(noise: torch.Tensor, generators: Sequence[RowRng | None], draw: _Draw,
     rows, cols = noise.shape
     if len(generators) != rows:
         raise ValueError(f"generators: expected {rows} entries, got {len(generators)}")
-    kernel = sample_noise_kernel() if noise_source(noise.device) == "native" else None
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    native = any(isinstance(g, RowStream) for g in generators) or (unseeded and noise_source(noise.device) == "native")
+    kernel = sample_noise_kernel() if native else None
     if kernel is not None and not kernel.takes(noise):
         kernel = None
-    unseeded = [i for i, g in enumerate(generators) if g is None]
     if unseeded and kernel is None:
         draw(noise, None)  # one batched draw for all rows (no host index to copy); the others overwrite theirs
     streams: list[tuple[int, RowStream]] = [(i, g) for i, g in enumerate(generators) if isinstance(g, RowStream)]
