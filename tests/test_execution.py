@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from tandem import LLM, native
 from tandem.engine.llm import config_from_kwargs
@@ -18,7 +19,7 @@ from tandem.worker.worker import WorkerSpec
 from tests.spec_decode.tiny_heads import tiny_target
 
 KNOBS = ("TANDEM_ATTENTION_BACKEND", "TANDEM_LINEAR_KERNELS", "TANDEM_NATIVE_DECODE", "TANDEM_NATIVE",
-         "TANDEM_NATIVE_ISA")  # fmt: skip
+         "TANDEM_NATIVE_ISA", "TANDEM_SAMPLING_NOISE")  # fmt: skip
 
 
 @pytest.fixture
@@ -45,6 +46,29 @@ def test_defaults_then_overrides_resolve_and_bad_names_are_refused(clean_env: py
         ExecutionPlan("sdpa", "fast", False, True, "native", None)
     with pytest.raises(ValueError, match="native_isa 'arm'"):
         ExecutionPlan("sdpa", "torch", False, True, "arm", None)
+    with pytest.raises(ValueError, match="sampling_noise 'gpu'"):
+        ExecutionPlan("sdpa", "torch", False, True, "native", None, "gpu")
+
+
+def test_the_sampling_noise_resolves_and_its_override_is_honoured(clean_env: pytest.MonkeyPatch) -> None:
+    """On the CPU with the native kernels the rows' numbers come from the native streams; ``TANDEM_SAMPLING_NOISE``
+    asks for torch generators (an A/B, or the numbers seeded requests drew before the streams), native kernels
+    off give generators too, and a name that is neither is refused naming the variable."""
+    from tandem.sample import rng
+
+    native_ok = rng.sample_noise_kernel() is not None
+    assert resolve_execution("cpu").sampling_noise == ("native" if native_ok else "torch")
+    clean_env.setenv("TANDEM_SAMPLING_NOISE", "torch")
+    assert resolve_execution("cpu").sampling_noise == "torch"
+    assert isinstance(rng.make_row_rng(1, "cpu"), torch.Generator)
+    clean_env.setenv("TANDEM_SAMPLING_NOISE", "native")
+    assert resolve_execution("cpu").sampling_noise == ("native" if native_ok else "torch")
+    clean_env.setenv("TANDEM_SAMPLING_NOISE", "gpu")
+    with pytest.raises(ValueError, match="TANDEM_SAMPLING_NOISE='gpu'"):
+        resolve_execution("cpu")
+    clean_env.delenv("TANDEM_SAMPLING_NOISE")
+    clean_env.setenv("TANDEM_NATIVE", "0")
+    assert resolve_execution("cpu").sampling_noise == "torch"
 
 
 def test_tandem_config_json_shows_the_resolved_choice(

@@ -12,6 +12,7 @@ never reads them itself. Each is read when its function is called, so a test can
 | ``TANDEM_NATIVE_DECODE=0`` | short CPU steps run the torch layers instead of the native decoder stack |
 | ``TANDEM_LINEAR_KERNELS`` | ``torch`` / ``cpu`` / ``onednn`` / ``native``: the linear formulation |
 | ``TANDEM_ATTENTION_BACKEND`` | ``paged_cpu`` / ``sdpa`` / ``naive``: the attention backend |
+| ``TANDEM_SAMPLING_NOISE`` | ``native`` (default on the CPU) / ``torch``: sampled rows' random numbers' source |
 | ``TANDEM_DEBUG_INVARIANTS=1`` | check every ledger and block-pool invariant after every step |
 | ``TANDEM_CACHE_DIR`` | where exported drafts and built kernels live (default ``$XDG_CACHE_HOME/tandem``) |
 | ``TANDEM_API_KEY`` | the server's (and ``tandem bench serve``'s) API key when ``--api-key`` is not given |
@@ -25,7 +26,8 @@ import os
 
 VARIABLES = (
     "TANDEM_NATIVE", "TANDEM_NATIVE_ISA", "TANDEM_NATIVE_DECODE", "TANDEM_LINEAR_KERNELS",
-    "TANDEM_ATTENTION_BACKEND", "TANDEM_DEBUG_INVARIANTS", "TANDEM_CACHE_DIR", "TANDEM_API_KEY",
+    "TANDEM_ATTENTION_BACKEND", "TANDEM_SAMPLING_NOISE", "TANDEM_DEBUG_INVARIANTS", "TANDEM_CACHE_DIR",
+    "TANDEM_API_KEY",
 )  # fmt: skip
 
 
@@ -51,6 +53,10 @@ def linear_kernels() -> str | None:
 
 def attention_backend() -> str | None:
     return _get("TANDEM_ATTENTION_BACKEND")
+
+
+def sampling_noise() -> str | None:
+    return _get("TANDEM_SAMPLING_NOISE")
 
 
 def debug_invariants() -> bool:

@@ -49,6 +49,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from tandem import overrides
 from tandem.native.sample_noise import sample_noise_kernel
 from tandem.sample.argmax import argmax_last
 
@@ -107,8 +108,14 @@ def configure_noise(source: str) -> None:
 
 def noise_source(device: torch.device | str) -> str:
     """Where sampled rows' random numbers come from on ``device``: ``"native"`` (the CPU, native kernels on and the
-    noise kernel built, unless configured otherwise) or ``"torch"`` (generators)."""
-    if torch.device(device).type != "cpu" or _configured.get("noise") == "torch":
+    noise kernel built) or ``"torch"`` (generators) — as configured in a worker, else by default, or
+    ``TANDEM_SAMPLING_NOISE=torch`` asks for generators (``native``: the default where it can run)."""
+    asked = _configured.get("noise")
+    if asked is None:
+        asked = overrides.sampling_noise()
+        if asked is not None and asked not in NOISE_SOURCES:
+            raise ValueError(f"TANDEM_SAMPLING_NOISE={asked!r}; one of {NOISE_SOURCES}")
+    if torch.device(device).type != "cpu" or asked == "torch":
         return "torch"
     return "native" if sample_noise_kernel() is not None else "torch"
 
