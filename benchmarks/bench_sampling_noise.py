@@ -9,8 +9,7 @@ own key, as the engine's rows) and one batched unseeded draw, best of ``--repeat
 streams, each arm an engine in its own process, arms taking turns, ``--repeats`` times each: ``torch`` (torch's
 ``exponential_`` patched back in for every row), ``float64`` (seeded generators and the vectorized float64
 draw: the engine configured with ``sampling_noise="torch"``, the default before the native streams) and
-``native`` (as shipped). Each run records the
-vCPUs' placement (near / far, BENCHMARKS.md §13) over it.
+``native`` (as shipped). Each run records the vCPUs' placement (near / far, BENCHMARKS.md §13) over it.
 
     python benchmarks/bench_sampling_noise.py --json benchmarks/results/sampling_noise.json
 """

@@ -124,17 +124,15 @@ class SamplingMetadata:
     min_tokens_ban: BannedTokens | None
     bad_words_ban: BannedTokens | None = None
 
-    def generators(self) -> list[RowRng | None]:
-        """Fresh position-keyed sources for the random rows (None for greedy rows): generators or native streams
-        (``rng.make_row_rng``).
+    def generators(self, rows: Sequence[int] | None = None) -> list[RowRng | None]:
+        """Fresh position-keyed sources for ``rows`` (default: every row; a verify takes each request's first row),
+        None for greedy rows: generators or native streams (``rng.make_row_rng``).
 
         Fresh on every call, so sampling twice from the same metadata gives the same tokens.
         """
         native = noise_source(self.device) == "native"
-        return [
-            None if greedy else make_row_rng(key, self.device, native)
-            for greedy, key in zip(self.is_greedy, self.generator_keys)
-        ]
+        rows = range(self.num_rows) if rows is None else rows
+        return [None if self.is_greedy[r] else make_row_rng(self.generator_keys[r], self.device, native) for r in rows]
 
     @classmethod
     def build(

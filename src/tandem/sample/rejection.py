@@ -49,7 +49,7 @@ import torch
 
 from tandem.sample.argmax import argmax_last
 from tandem.sample.metadata import SamplingMetadata, to_device
-from tandem.sample.rng import RowRng, exponential_noise, make_row_rng, noise_source, race_sample, uniform_noise
+from tandem.sample.rng import RowRng, exponential_noise, race_sample, uniform_noise
 from tandem.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
 
 PLACEHOLDER = -1
@@ -326,11 +326,7 @@ class RejectionSampler:
         if not meta.all_greedy:
             target_probs = self.sampler.compute_probs(logits, meta)  # [R, V]: p_i of request b in row index[b, i]
             greedy = [meta.is_greedy[s] for s in starts]
-            native = noise_source(device) == "native"
-            generators = [
-                None if g else make_row_rng(meta.generator_keys[s], device, native)
-                for g, s in zip(greedy, starts)
-            ]
+            generators = meta.generators(starts)
             if device.type == "cpu" and draft_probs is None:  # the tests on host lists (the same tokens)
                 out = rejection_sample_rows(target_probs, draft_token_ids.tolist(), num_draft_tokens, width,
                                             generators, greedy)

@@ -20,7 +20,6 @@ import torch
 
 from tandem.native.tree_expand import tree_expand_kernel
 from tandem.sample.metadata import to_device
-from tandem.sample.rng import make_row_rng, noise_source
 from tandem.sample.sampler import LogprobsTensors, compute_logprobs
 from tandem.sample.tree_rejection import (
     TreeVerdict,
@@ -108,9 +107,8 @@ def verify_trees(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata,
         return greedy_tree_verify(sampler.greedy_token_ids(logits, meta)[index], tokens, parents, depth)
     probs = sampler.compute_probs(logits, meta)[index]  # [B, N + 1, V]
     greedy = [meta.is_greedy[s] for s in starts]
-    native = noise_source(device) == "native"
-    generators = [None if g else make_row_rng(meta.generator_keys[s], device, native) for g, s in zip(greedy, starts)]
-    return tree_rejection_sample(probs, tokens, parents, generators, to_device(greedy, torch.bool, device), depth)
+    return tree_rejection_sample(probs, tokens, parents, meta.generators(starts), to_device(greedy, torch.bool, device),
+                                 depth)
 
 
 def move_accepted(kv: KVCache, ib: InputBatch, plans: list[RequestPlan], base: torch.Tensor,
