@@ -18,6 +18,7 @@ spread.
     python benchmarks/bench_spec_pairs.py --aa --methods ngram suffix eagle3 --concurrency 1 4 \\
         --temperatures 0 0.7 1.0 --pairs 4 --name spec_pairs_c1_c4
     python benchmarks/bench_spec_pairs.py --methods eagle3 --fixed-k 1 3 ...   # fixed-k arms as well
+    python benchmarks/bench_spec_pairs.py --base HEAD~1 ...   # each adaptive arm also from a worktree of HEAD~1
 
 Writes ``benchmarks/results/NAME.json`` (every run's ``bench serve`` result and its pair), ``NAME.md`` (the
 table) and ``NAME.png`` (each arm's ratio with its interval, per temperature).
@@ -26,9 +27,11 @@ table) and ``NAME.png`` (each arm's ratio with its interval, per temperature).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import shlex
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_serve import start_server, stop_server  # noqa: E402
 from bench_spec_policy import T95, arms, bench_run  # noqa: E402
 from common import environment  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def prompts_at(conc: int, ns: argparse.Namespace) -> int:
@@ -131,6 +136,8 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens (the adaptive policy's maximum)")
     ap.add_argument("--fixed-k", type=int, nargs="+", default=[0], help="k of fixed-policy arms (0: none)")
     ap.add_argument("--aa", action="store_true", help="add nospec_b, a second no-speculation server")
+    ap.add_argument("--base", help="git revision: every adaptive arm also runs from a worktree of it "
+                    "(``<method>_adaptive_base``)")
     ap.add_argument("--pairs", type=int, default=4, help="counted pairs wanted per arm and point")
     ap.add_argument("--max-pairs", type=int, default=0, help="pairs tried per arm and point at most "
                     "(default 3 x --pairs)")
@@ -146,12 +153,23 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="tandem-bench-pairs-"))
     print(f"server logs and each run's bench serve result: {logs}", flush=True)
     table = arms(ns.methods, ns.k, ns.fixed_k, ns.aa)
+    sources: dict[str, Path] = {}
+    if ns.base:  # the adaptive arms again, from a worktree of --base
+        tree = Path(tempfile.mkdtemp(prefix="tandem-pairs-base-")) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), ns.base], cwd=ROOT, check=True,
+                       capture_output=True)
+        atexit.register(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False,
+                        capture_output=True)
+        for m in ns.methods:
+            table[f"{m}_adaptive_base"] = table[f"{m}_adaptive"]
+            sources[f"{m}_adaptive_base"] = tree / "src"
     names = [a for a in table if a != "nospec"]
     servers, commands, pairs = {}, [], []
     try:
         for i, (arm, extra) in enumerate(table.items()):
             print(f"[{i + 1}/{len(table)}] starting the {arm} server", flush=True)
-            proc, url, cmd = start_server([*shlex.split(ns.server_flags), *extra], logs / f"{arm}.log")
+            proc, url, cmd = start_server([*shlex.split(ns.server_flags), *extra], logs / f"{arm}.log",
+                                          sources.get(arm))
             servers[arm] = (proc, url)
             commands.append(shlex.join(cmd))
         for temp in ns.temperatures:
