@@ -8,6 +8,8 @@ forward, the proposer, the rejection sampler).
 
     python benchmarks/spec_step_spans.py --json benchmarks/results/spec_step_spans.json
     python benchmarks/spec_step_spans.py --methods none eagle3 --k 2 --policy fixed   # every step drafts 2
+    python benchmarks/spec_step_spans.py --methods eagle3 --k 2 --policy fixed --tree 2,2 --first 100 --prompts 6
+        # each method also with a draft tree (top_k 2, 2 nodes): ``eagle3+tree``, HumanEval problems 100-105
 """
 
 from __future__ import annotations
@@ -57,22 +59,30 @@ def step_spans(trace: Path) -> dict[str, list[float]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", nargs="+", default=["none", "eagle", "eagle3", "mtp"])
-    p.add_argument("--prompts", type=int, default=4, help="HumanEval prompts 2.. (2 + N)")
+    p.add_argument("--prompts", type=int, default=4, help="HumanEval prompts FIRST.. (FIRST + N)")
+    p.add_argument("--first", type=int, default=2, help="the first HumanEval problem (default 2)")
+    p.add_argument("--tree", default=None, metavar="TOP_K,MAX_NODES",
+                   help="also run each method with this draft tree (arm <method>+tree)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     p.add_argument("--policy", default=None, choices=["adaptive", "fixed"],
                    help="speculative_config.policy (default: adaptive; fixed drafts k every step)")
     p.add_argument("--json", default=None)
     ns = p.parse_args(argv)
-    prompts = humaneval(2 + ns.prompts)[2:]
+    prompts = humaneval(ns.first + ns.prompts)[ns.first:]
+    arms = [a for m in ns.methods for a in ([m, f"{m}+tree"] if ns.tree and m != "none" else [m])]
     params = SamplingParams(temperature=0, max_tokens=ns.max_tokens)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for m in tqdm(ns.methods, desc="arms"):
+        for m in tqdm(arms, desc="arms"):
             trace = Path(tmp) / f"{m}.json"
-            spec = None if m == "none" else {"method": m, "num_speculative_tokens": ns.k}
+            method = m.removesuffix("+tree")
+            spec = None if m == "none" else {"method": method, "num_speculative_tokens": ns.k}
             if spec is not None and ns.policy:
                 spec["policy"] = ns.policy
+            if spec is not None and m.endswith("+tree"):
+                top_k, max_nodes = (int(x) for x in ns.tree.split(","))
+                spec["tree"] = {"top_k": top_k, "max_nodes": max_nodes}
             llm = LLM(max_num_seqs=1, async_scheduling=False, speculative_config=spec, max_model_len=2048,
                       num_kv_blocks=160, trace_file=str(trace))
             llm.generate(prompts, params, use_tqdm=False)  # one call (the trace holds the last); one at a time
@@ -85,11 +95,13 @@ def main(argv: list[str] | None = None) -> int:
                 "mean_acceptance_length": stats.get("mean_acceptance_length"),
             }
     base = results.get("none", {}).get("median_ms", {}).get("execute")
-    print(f"\n{'arm':<8}{'steps':>6}" + "".join(f"{s:>18}" for s in SPANS) + f"{'extra vs none':>15}")
+    print(f"\n{'arm':<12}{'steps':>6}{'acceptance':>11}" + "".join(f"{s:>18}" for s in SPANS)
+          + f"{'extra vs none':>15}")
     for m, r in results.items():
         med = r["median_ms"]
         extra = f"{med['execute'] - base:+.2f}" if base is not None else "-"
-        print(f"{m:<8}{r['steps']:>6}" + "".join(f"{med.get(s, float('nan')):>18.2f}" for s in SPANS)
+        acc = f"{r['mean_acceptance_length']:.3f}" if r["mean_acceptance_length"] else "-"
+        print(f"{m:<12}{r['steps']:>6}{acc:>11}" + "".join(f"{med.get(s, float('nan')):>18.2f}" for s in SPANS)
               + f"{extra:>15}")
     if ns.json:
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
