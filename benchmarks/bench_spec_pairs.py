@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_serve import start_server, stop_server  # noqa: E402
-from bench_spec_policy import T95, arms, bench_run  # noqa: E402
+from bench_spec_policy import T95, arms, bench_run, finish_axes, temperature_axes  # noqa: E402
 from common import environment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,13 +101,7 @@ def report(pairs: list[dict], names: list[str], ns: argparse.Namespace) -> str:
 
 
 def plot(pairs: list[dict], names: list[str], ns: argparse.Namespace, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(ns.temperatures), figsize=(5 * len(ns.temperatures), 4), sharey=True)
-    axes = axes if len(ns.temperatures) > 1 else [axes]
+    fig, axes = temperature_axes(ns.temperatures)
     for ax, temp in zip(axes, ns.temperatures):
         for i, arm in enumerate(names):
             xs, ys, err = [], [], [[], []]
@@ -122,15 +116,8 @@ def plot(pairs: list[dict], names: list[str], ns: argparse.Namespace, path: Path
                 err[0].append(g - lo)
                 err[1].append(hi - g)
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=arm)
-        ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.axhline(0.97, color="red", linewidth=0.8, linestyle=":")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency")
-        ax.set_title(f"temperature {temp}")
-    axes[0].set_ylabel("output tok/s / no speculation (pairs in one placement)")
-    axes[-1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish_axes(fig, axes, ns.temperatures, "output tok/s / no speculation (pairs in one placement)", path)
 
 
 def main() -> int:

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_serve import start_server, stop_server  # noqa: E402
@@ -257,28 +258,39 @@ def report(runs: list[dict], names: list[str], ns: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[dict], names: list[str], ns: argparse.Namespace, path: Path) -> None:
+def temperature_axes(temperatures: list[float]) -> tuple[Any, list[Any]]:
+    """A headless figure with one panel a temperature (concurrency on a log axis in each, ``finish_axes``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(ns.temperatures), figsize=(5 * len(ns.temperatures), 4), sharey=True)
-    axes = axes if len(ns.temperatures) > 1 else [axes]
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(5 * len(temperatures), 4), sharey=True)
+    return fig, list(axes) if len(temperatures) > 1 else [axes]
+
+
+def finish_axes(fig: Any, axes: list[Any], temperatures: list[float], ylabel: str, path: Path) -> None:
+    """The panels' reference line at 1.0, axes, titles and legend; the figure saved at ``path``."""
+    for ax, temp in zip(axes, temperatures):
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(f"temperature {temp}")
+    axes[0].set_ylabel(ylabel)
+    axes[-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot(runs: list[dict], names: list[str], ns: argparse.Namespace, path: Path) -> None:
+    fig, axes = temperature_axes(ns.temperatures)
     for ax, temp in zip(axes, ns.temperatures):
         wheres = [_where(runs, temp, c, ns) for c in ns.concurrency]  # each point's runs compared
         for arm in names[1:]:
             ratios = [_tput(runs, arm, temp, c, w) / _tput(runs, "nospec", temp, c, w)
                       for c, w in zip(ns.concurrency, wheres)]
             ax.plot(ns.concurrency, ratios, marker="o", linestyle="-" if "adaptive" in arm else "--", label=arm)
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency")
-        ax.set_title(f"temperature {temp}")
-    axes[0].set_ylabel("output tok/s / no speculation")
-    axes[-1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish_axes(fig, axes, ns.temperatures, "output tok/s / no speculation", path)
 
 
 if __name__ == "__main__":
