@@ -28,22 +28,18 @@ table) and ``NAME.png`` (each arm's ratio with its interval, per temperature).
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import math
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_serve import start_server, stop_server  # noqa: E402
-from bench_spec_policy import T95, arms, bench_run, finish_axes, temperature_axes  # noqa: E402
+from bench_serve import stop_server  # noqa: E402
+from bench_spec_policy import T95, arms, base_arms, bench_run, finish_axes, start_servers, temperature_axes  # noqa: E402
 from common import environment  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def prompts_at(conc: int, ns: argparse.Namespace) -> int:
@@ -153,25 +149,12 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="tandem-bench-pairs-"))
     print(f"server logs and each run's bench serve result: {logs}", flush=True)
     table = arms(ns.methods, ns.k, ns.fixed_k, ns.aa)
-    sources: dict[str, Path] = {}
-    if ns.base:  # the adaptive arms again, from a worktree of --base
-        tree = Path(tempfile.mkdtemp(prefix="tandem-pairs-base-")) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), ns.base], cwd=ROOT, check=True,
-                       capture_output=True)
-        atexit.register(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False,
-                        capture_output=True)
-        for m in ns.methods:
-            table[f"{m}_adaptive_base"] = table[f"{m}_adaptive"]
-            sources[f"{m}_adaptive_base"] = tree / "src"
+    sources = base_arms(table, ns.methods, ns.base) if ns.base else {}  # --base: the adaptive arms from REV too
     names = [a for a in table if a != "nospec"]
-    servers, commands, pairs = {}, [], []
+    servers, pairs = {}, []
+    commands: list[str] = []
     try:
-        for i, (arm, extra) in enumerate(table.items()):
-            print(f"[{i + 1}/{len(table)}] starting the {arm} server", flush=True)
-            proc, url, cmd = start_server([*shlex.split(ns.server_flags), *extra], logs / f"{arm}.log",
-                                          sources.get(arm))
-            servers[arm] = (proc, url)
-            commands.append(shlex.join(cmd))
+        commands += start_servers(servers, table, ns.server_flags, logs, sources)
         for temp in ns.temperatures:
             for conc in ns.concurrency:
                 run_ns = argparse.Namespace(num_prompts=prompts_at(conc, ns), output_len=ns.output_len)

@@ -58,6 +58,34 @@ def arms(methods: list[str], k: int, fixed_k: list[int], aa: bool = False) -> di
     return out
 
 
+def base_arms(table: dict[str, list[str]], methods: list[str], rev: str) -> dict[str, Path]:
+    """Adds ``<method>_adaptive_base`` to ``table`` for every method: the adaptive arm again, run from a git
+    worktree of ``rev`` (removed at exit, also when a run fails or is interrupted). Returns each such arm's
+    source folder, for ``start_server``."""
+    tree = Path(tempfile.mkdtemp(prefix="tandem-policy-base-")) / "base"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True, capture_output=True)
+    atexit.register(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False,
+                    capture_output=True)
+    for m in methods:
+        table[f"{m}_adaptive_base"] = table[f"{m}_adaptive"]
+    return {f"{m}_adaptive_base": tree / "src" for m in methods}
+
+
+def start_servers(servers: dict[str, tuple[Any, str]], table: dict[str, list[str]], flags: str, logs: Path,
+                  sources: dict[str, Path], label: str = "", log_suffix: str = "") -> list[str]:
+    """Starts every arm's ``tandem serve`` (``flags`` and the arm's own; its log ``logs/ARM{log_suffix}.log``),
+    filling ``servers`` (arm: process, URL) as each comes up — so a caller's ``finally`` stops those started
+    when a later one fails. Returns their command lines."""
+    commands = []
+    for i, (arm, extra) in enumerate(table.items()):
+        print(f"[{label}{i + 1}/{len(table)}] starting the {arm} server", flush=True)
+        proc, url, cmd = start_server([*shlex.split(flags), *extra], logs / f"{arm}{log_suffix}.log",
+                                      sources.get(arm))
+        servers[arm] = (proc, url)
+        commands.append(shlex.join(cmd))
+    return commands
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
@@ -86,16 +114,7 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="tandem-bench-policy-"))
     print(f"server logs and each run's bench serve result: {logs}", flush=True)
     table = arms(ns.methods, ns.k, ns.fixed_k or [ns.k], ns.aa)
-    sources: dict[str, Path] = {}
-    if ns.base:  # the adaptive arms again, from a worktree of --base
-        tree = Path(tempfile.mkdtemp(prefix="tandem-policy-base-")) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), ns.base], cwd=ROOT, check=True,
-                       capture_output=True)
-        atexit.register(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False,
-                        capture_output=True)  # also when a run fails or is interrupted
-        for m in ns.methods:
-            table[f"{m}_adaptive_base"] = table[f"{m}_adaptive"]
-            sources[f"{m}_adaptive_base"] = tree / "src"
+    sources = base_arms(table, ns.methods, ns.base) if ns.base else {}
     commands: list[str] = []
     runs, names = [], list(table)
     points = [(t, c) for t in ns.temperatures for c in ns.concurrency]
@@ -103,13 +122,10 @@ def main() -> int:
     for rep in range(ns.repeats):  # every repeat on fresh servers: one process's speed is not every repeat's
         servers = {}
         try:
-            for i, (arm, extra) in enumerate(table.items()):
-                print(f"[repeat {rep + 1}/{ns.repeats}, {i + 1}/{len(table)}] starting the {arm} server", flush=True)
-                proc, url, cmd = start_server([*shlex.split(ns.server_flags), *extra], logs / f"{arm}-{rep}.log",
-                                              sources.get(arm))
-                servers[arm] = (proc, url)
-                if rep == 0:
-                    commands.append(shlex.join(cmd))
+            started = start_servers(servers, table, ns.server_flags, logs, sources,
+                                    f"repeat {rep + 1}/{ns.repeats}, ", f"-{rep}")
+            if rep == 0:
+                commands += started
             for p, (temp, conc) in enumerate(points):
                 i = rep * len(points) + p
                 order = names[i % len(names):] + names[: i % len(names)]
