@@ -171,7 +171,7 @@ def main() -> int:
                         runs = {}
                         for a in order:
                             bench, run = bench_run(servers[a][1], temp, conc, run_ns, logs)
-                            if not commands[len(table):]:
+                            if len(commands) == len(table):  # the servers' lines, then the first run's
                                 commands.append(shlex.join(bench).replace(servers[a][1], "http://127.0.0.1:PORT"))
                             runs[a] = run
                         where = pair_uniform(runs[order[0]], runs[order[1]])
