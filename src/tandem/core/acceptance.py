@@ -22,7 +22,10 @@ from tandem.core.request import Request
 
 FADE = 0.93  # per step, of a request's own acceptance counts (half-life ~10 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-verifications at the class estimate
-GLOBAL_WEIGHT = 0.03  # EWMA weight of one verification in its temperature class's estimate
+# EWMA weight of one verification in its temperature class's estimate (~100 verifications of memory). At 0.03 an
+# estimate's own noise (±0.06 at an acceptance of 0.4) took one stream at 0.7 across its drafting line and left
+# it there (BENCHMARKS.md §19).
+GLOBAL_WEIGHT = 0.01
 CLASS_PRIOR_COUNT = 4.0  # a class estimate's starting value counts as this many verifications
 TEMPERATURE_CLASSES = ("greedy", "<=0.8", ">0.8")
 

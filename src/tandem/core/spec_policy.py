@@ -76,7 +76,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from tandem.core.acceptance import GLOBAL_WEIGHT, TEMPERATURE_CLASSES, Acceptance
+from tandem.core.acceptance import TEMPERATURE_CLASSES, Acceptance
 from tandem.core.fixed_policy import FixedPolicy
 from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
@@ -101,7 +101,12 @@ TREE_GAIN_PRIOR = 1.25
 # streams; at one stream (verify rows riding the weight read) they were worth taking.
 MIN_GAIN = 0.05
 SURE = 0.9  # a class with only smaller ones measured drafts what is worth this many tokens (``_sure``)
+# A choice of no drafts where the best first draft is worth within this fraction of what would make it pay (after
+# MARGIN) is a close call: explored every EXPLORE_CLOSE steps, never backed off (``plan``).
+CLOSE = 0.2
+EXPLORE_CLOSE = 16
 TREE_EXTRA_WEIGHT = 0.2  # EWMA weight of one tree step's cost beyond the fitted line
+TREE_WEIGHT = 0.03  # EWMA weight of one tree verify in its temperature class's accepted tokens (they are rare)
 
 
 class AdaptivePolicy(FixedPolicy):
@@ -129,6 +134,7 @@ class AdaptivePolicy(FixedPolicy):
             self.shadows = Shadows(self.acceptance, k)
             self.shadow_depth = self.shadows.depth
         self._shadow_candidates: list[Request] = []
+        self._close = False  # the last allocation chose no drafts by a close call (``_allocate``)
         # Draft trees (``tree_nodes`` > 0): per temperature class, (accepted, verified depth) of a tree verify,
         # as moving averages, started from the chain prior's expected tokens times TREE_GAIN_PRIOR.
         self.tree_nodes = tree_nodes
@@ -158,6 +164,9 @@ class AdaptivePolicy(FixedPolicy):
         cands.sort()  # best first; a request's slots in order (g falls with j)
         room = self._room(len(decode))
         plain_rate = best_rate
+        # How close a choice of none is: the best first draft's worth against what it must be worth to pay.
+        g1 = max((self.acceptance.alpha(req)[0] for req, limit in decode if limit), default=0.0)
+        self._close = g1 >= (1.0 - CLOSE) * plain_rate * (slot_cost + pass_cost)
         for taken, (neg_g, j, _) in enumerate(cands, 1):
             if -neg_g <= best_rate * slot_cost or taken > room:  # this slot and every later one lower the rate
                 break
@@ -229,7 +238,12 @@ class AdaptivePolicy(FixedPolicy):
         verify = None  # this step's verified drafts where they are not ``want`` (an exploration's)
         line.since_explore += 1
         self._since_deep += 1
-        due = line.since_explore >= (line.explore_every if line.cost.fitted else MIN_FIT_STEPS)
+        every = line.explore_every if line.cost.fitted else MIN_FIT_STEPS
+        if cost.fitted and self._close and not any(want):
+            # A close call not to draft: the acceptance estimate that made it learns only from drafts verified,
+            # so one that fell below the line by chance would stay there; explore it often.
+            every = min(every, EXPLORE_CLOSE)
+        due = line.since_explore >= every
         if want == full:  # as deep as the limits allow: nothing left unexplored below
             self._since_deep, self._deep_every = 0, EXPLORE_EVERY
         if self._verify_next:
@@ -240,7 +254,8 @@ class AdaptivePolicy(FixedPolicy):
             self.num_exploration_steps += 1
             drafting = any(want)
             same = drafting == line.was_drafting
-            line.explore_every = min(2 * line.explore_every, EXPLORE_MAX) if same else EXPLORE_EVERY
+            back_off = same and not (self._close and not drafting)
+            line.explore_every = min(2 * line.explore_every, EXPLORE_MAX) if back_off else EXPLORE_EVERY
             line.was_drafting = drafting
             if drafting:
                 want = [0] * len(decode)  # one step without drafts ...
@@ -312,8 +327,8 @@ class AdaptivePolicy(FixedPolicy):
             return
         if tree:  # a tree's acceptance is not a chain's per-position one: its own estimate
             t = self.tree_accepted[self.acceptance.kind_of(req)[0]]
-            t[0] += GLOBAL_WEIGHT * (num_accepted - t[0])
-            t[1] += GLOBAL_WEIGHT * (num_valid - t[1])
+            t[0] += TREE_WEIGHT * (num_accepted - t[0])
+            t[1] += TREE_WEIGHT * (num_valid - t[1])
             return
         self.acceptance.observe(req, num_valid + empty, num_accepted)
 

@@ -30,6 +30,11 @@ SPREAD = 0.05  # relative spread of the rows (std / mean, slope memory) below wh
 COLLINEAR = 0.95
 # A slope is used once its standard error is at most this fraction of a row's mean time (``_fit_slopes``).
 TRUST = 0.1
+# A step enters the slopes' memory (and ages it) only where its rows or passes differ from the recent mean by at
+# least this much: a step like those before it says nothing of a slope, and counted as memory it pushed out the
+# few that did — at one stream, where only the explorations differ, the fitted cost of a draft moved between 1.2
+# and 3.2 ms over one server's life (true: ~1.7) and switched drafting off and on (BENCHMARKS.md §19).
+INFORMATIVE = 0.5
 
 
 @dataclass
@@ -79,6 +84,7 @@ class StepCost:
         if self.recent.n > 0.0:
             mx, mz, my = self.recent.get()
             x, z, y, d = rows - mx, passes - mz, seconds - my, SLOPE_DECAY
+        if self.recent.n > 0.0 and (abs(x) >= INFORMATIVE or abs(z) >= INFORMATIVE):
             self.n, self.dxx, self.dxz = d * self.n + 1, d * self.dxx + x * x, d * self.dxz + x * z
             self.dzz, self.dxy, self.dzy = d * self.dzz + z * z, d * self.dxy + x * y, d * self.dzy + z * y
             self.dyy = d * self.dyy + y * y
