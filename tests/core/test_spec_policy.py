@@ -246,6 +246,31 @@ def test_explorations_are_one_draft_deep_and_back_off_while_they_confirm_the_cho
     assert gaps[:5] == [EXPLORE_EVERY, 2 * EXPLORE_EVERY, 4 * EXPLORE_EVERY, EXPLORE_MAX, EXPLORE_MAX]
 
 
+def test_a_close_call_not_to_draft_is_explored_often_and_never_backed_off():
+    """One stream, a draft row 0.8 ms and a head pass 0.9 ms against a 5.3 ms step: a first draft pays from an
+    acceptance of ~0.37 (after MARGIN). An estimate of 0.33 — within its own noise of a true 0.43 — chooses no
+    drafts; the estimate learns only from drafts verified, so it is explored every EXPLORE_CLOSE steps and the
+    interval does not double. An estimate of 0.1 is no close call: its explorations back off as before."""
+    from tandem.core.spec_policy import EXPLORE_CLOSE
+
+    for estimate, want in ((0.33, [EXPLORE_CLOSE] * 6),
+                           (0.1, [EXPLORE_EVERY, 2 * EXPLORE_EVERY, 4 * EXPLORE_EVERY])):
+        pol = _policy(3, 4.5e-3, 0.8e-3, 0.9e-3)
+        pol.lines[batch_class(1)].since_explore = 0
+        req = _Req("r")
+        pol.acceptance.kind_of(req)
+        pol.acceptance.by_class[0] = [estimate] * 3
+        explored = []
+        for step in range(1000):
+            k = pol.plan([(req, 0)])
+            if pol.propose_k:
+                assert pol.propose_k == 1 and k == {"r": 0}
+                explored.append(step)
+                assert pol.plan([(req, 1)]) == {"r": 1}  # verified in the next step
+        gaps = [b - a + 1 for a, b in zip(explored, explored[1:])]
+        assert gaps[:len(want)] == want
+
+
 def test_a_shallow_choice_is_explored_deeper_and_corrected():
     """Class estimates of draft positions 2 and 3 left low by an earlier workload, and requests that now accept
     every draft: one draft each is the choice, which never verifies position 2, so no evidence could correct it.

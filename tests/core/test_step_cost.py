@@ -96,6 +96,23 @@ def test_rare_different_steps_still_give_a_steady_slope():
     assert errors[len(errors) // 2] < 0.12 and errors[len(errors) * 9 // 10] < 0.3
 
 
+def test_only_steps_that_differ_enter_and_age_the_slopes_memory():
+    """One stream, the policy's choice steady: one step in 256 differs (an exploration, one more row), the rest
+    are alike, step times noisy (10 %). Alike steps say nothing of the slope; had they aged its memory, it would
+    hold the last one or two explorations and the slope would swing with their noise (off by 37 % at the median,
+    139 % at the 90th percentile on this series). Counting only steps that differ, it holds every exploration."""
+    rng = random.Random(3)
+    cost, errors = StepCost(), []
+    for i in range(6000):
+        rows = 2 if i % 256 == 0 or i < 64 and i % 4 == 0 else 1
+        cost.observe(rows, (0.0045 + 0.0008 * rows) * (1 + rng.gauss(0, 0.1)))
+        if i > 1000:
+            errors.append(abs(cost.per_row / 0.0008 - 1))
+    errors.sort()
+    assert errors[len(errors) // 2] < 0.1 and errors[len(errors) * 9 // 10] < 0.2
+    assert cost.n < 60  # ~16 early steps and ~20 explorations (with their neighbours), not 200 steps' weight
+
+
 def test_an_unfitted_batch_class_borrows_the_nearest_larger_fitted_line():
     from collections import defaultdict
 

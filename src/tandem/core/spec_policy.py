@@ -48,7 +48,11 @@ its weight read. The fit needs steps of different sizes: every ``EXPLORE_EVERY``
 the first fit) one step does the opposite of the choice — no drafts, or what one drafting pass makes (one draft a
 request; a one-pass drafter's every draft), verified in the next step — so the estimate never freezes. While
 explorations keep finding the same choice (drafting or not), their interval doubles, up to ``EXPLORE_MAX``: where
-drafts never pay exploring is what speculation costs. Acceptance needs exploring too: a draft position's estimate
+drafts never pay exploring is what speculation costs — but not after a *close call* not to draft (the best first
+draft worth within ``CLOSE`` of paying) by a drafter with a model: its acceptance estimate learns only from drafts
+verified (a model-free one's also from shadows, below), so one that noise took below the line would stay there (one stream at 0.7 with eagle3 drafted in its first run, then
+stopped, where a draft a step paid 8 %: BENCHMARKS.md §19); a close call is explored every ``EXPLORE_CLOSE``
+steps, where an exploration costs next to nothing. Acceptance needs exploring too: a draft position's estimate
 learns only from drafts verified there, so a choice shallower than the limits allow would keep a low estimate of
 the deeper positions forever (one left by an earlier workload). After ``EXPLORE_EVERY`` steps of such a choice one
 step drafts as deep as the limits allow and the next verifies it all; the interval doubles, up to ``EXPLORE_MAX``,
@@ -239,9 +243,10 @@ class AdaptivePolicy(FixedPolicy):
         line.since_explore += 1
         self._since_deep += 1
         every = line.explore_every if line.cost.fitted else MIN_FIT_STEPS
-        if cost.fitted and self._close and not any(want):
-            # A close call not to draft: the acceptance estimate that made it learns only from drafts verified,
-            # so one that fell below the line by chance would stay there; explore it often.
+        if cost.fitted and self._close and not any(want) and self.shadows is None:
+            # A close call not to draft: the acceptance estimate that made it learns only from drafts verified
+            # (no shadows: a drafter with a model), so one that fell below the line by chance would stay there;
+            # explore it often.
             every = min(every, EXPLORE_CLOSE)
         due = line.since_explore >= every
         if want == full:  # as deep as the limits allow: nothing left unexplored below
@@ -254,7 +259,7 @@ class AdaptivePolicy(FixedPolicy):
             self.num_exploration_steps += 1
             drafting = any(want)
             same = drafting == line.was_drafting
-            back_off = same and not (self._close and not drafting)
+            back_off = same and not (self._close and not drafting and self.shadows is None)
             line.explore_every = min(2 * line.explore_every, EXPLORE_MAX) if back_off else EXPLORE_EVERY
             line.was_drafting = drafting
             if drafting:
