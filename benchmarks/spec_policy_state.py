@@ -1,0 +1,120 @@
+"""The speculation policy's state over a server's life: an in-process ``tandem serve`` (the same engine thread and
+app as the command), driven by ``tandem bench serve`` runs from a subprocess, and after each run the policy's
+cost lines, class acceptance estimates and chosen k (``spec_decode_stats()["policy"]``). Every decode step the
+cost fit saw (batch class, rows, passes, seconds) is written to ``--steps FILE``; ``--replay FILE`` feeds such a
+file to the cost fit of the checked-out code and prints how far its fitted cost of a draft (a row and a pass)
+moved over the steps: the measure of the fit's noise in BENCHMARKS.md §19.
+
+    python benchmarks/spec_policy_state.py --spec '{"method":"eagle3","num_speculative_tokens":3}' \\
+        --temperatures 0.7 1.0 --runs 6 --steps /tmp/steps.json
+    python benchmarks/spec_policy_state.py --replay /tmp/steps.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def replay(path: Path) -> None:
+    """The cost fit of this checkout over recorded steps: per batch class, the fitted cost of one draft."""
+    from tandem.core.step_cost import StepCost
+
+    by_class: dict[int, list[tuple[int, int, float]]] = {}
+    for cls, rows, passes, seconds in json.loads(path.read_text()):
+        by_class.setdefault(cls, []).append((rows, passes, seconds))
+    for cls, steps in sorted(by_class.items()):
+        cost, est = StepCost(), []
+        for rows, passes, seconds in steps:
+            cost.observe(rows, seconds, passes)
+            if cost.fitted:
+                est.append((cost.per_row + cost.per_pass) * 1e3)
+        if not est:
+            print(f"class {cls}: {len(steps)} steps, never fitted")
+            continue
+        q, n = sorted(est), len(est)
+        print(f"class {cls}: {len(steps)} steps; a draft's fitted cost (row + pass) ms: "
+              f"median {statistics.median(q):.2f} p5 {q[n // 20]:.2f} p95 {q[19 * n // 20]:.2f} "
+              f"min {q[0]:.2f} max {q[-1]:.2f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--spec", default='{"method":"eagle3","num_speculative_tokens":3}',
+                    help="speculative_config as JSON")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7])
+    ap.add_argument("--runs", type=int, default=4, help="bench serve runs per temperature")
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--steps", help="write every decode step the cost fit saw here (JSON)")
+    ap.add_argument("--replay", help="only replay a --steps file through this checkout's cost fit")
+    ns = ap.parse_args()
+    if ns.replay:
+        replay(Path(ns.replay))
+        return 0
+
+    import uvicorn
+
+    from tandem.core import step_cost
+    from tandem.engine.async_llm import AsyncLLM
+    from tandem.entrypoints.openai.server import build_app
+
+    steps: list[tuple[int, int, int, float]] = []  # (id of the StepCost, rows, passes, seconds)
+    observe = step_cost.StepCost.observe
+
+    def recording(self: step_cost.StepCost, rows: int, seconds: float, passes: int = 0) -> None:
+        steps.append((id(self), rows, passes, seconds))
+        observe(self, rows, seconds, passes)
+
+    step_cost.StepCost.observe = recording  # type: ignore[method-assign]
+    engine = AsyncLLM(ns.model, max_num_seqs=64, speculative_config=json.loads(ns.spec))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, None, None, None, None), log_level="warning",
+                                           access_log=False))
+    threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True).start()
+    while not server.started:
+        time.sleep(0.1)
+    policy = engine.engine.core.scheduler.spec_policy
+    try:
+        for temp in ns.temperatures:
+            for i in range(ns.runs):
+                result = Path(tempfile.mkstemp(suffix=".json")[1])
+                subprocess.run([sys.executable, "-m", "tandem.entrypoints.cli", "bench", "serve", "--base-url", url,
+                                "--dataset-name", "humaneval", "--num-prompts", str(ns.num_prompts),
+                                "--random-output-len", str(ns.output_len), "--max-concurrency", str(ns.concurrency),
+                                "--temperature", str(temp), "--seed", "0", "--result-file", str(result),
+                                "--disable-tqdm"], check=True, stdout=subprocess.DEVNULL)
+                r = json.loads(result.read_text())
+                sd = r.get("spec_decode", {})
+                print(f"T {temp} run {i + 1}/{ns.runs}: {r['output_throughput']:.1f} tok/s, drafts "
+                      f"{sd.get('num_draft_tokens', 0):.0f}, accepted {sd.get('num_accepted_tokens', 0):.0f}",
+                      flush=True)
+                state = policy.as_dict()
+                print("  cost:", json.dumps(state.get("cost")))
+                print("  acceptance:", json.dumps(state.get("acceptance_by_temperature")),
+                      "verified k:", state.get("verified_k"), flush=True)
+    finally:
+        server.should_exit = True
+        time.sleep(0.5)
+        engine.shutdown()
+    if ns.steps:  # each step under its batch class (1: one request, 2: 2-3, 3: 4-7, ...)
+        classes = {id(line.cost): c for c, line in policy.lines.items()}
+        Path(ns.steps).write_text(json.dumps([(classes[i], *rest) for i, *rest in steps]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
