@@ -7,7 +7,8 @@ moved over the steps: the measure of the fit's noise in BENCHMARKS.md §19.
 
     python benchmarks/spec_policy_state.py --spec '{"method":"eagle3","num_speculative_tokens":3}' \\
         --temperatures 0.7 1.0 --runs 6 --steps /tmp/steps.json
-    python benchmarks/spec_policy_state.py --replay /tmp/steps.json
+    python benchmarks/spec_policy_state.py --replay /tmp/steps.json --label now --series /tmp/fit.json
+    python benchmarks/spec_policy_state.py --plot /tmp/fit.json /tmp/fit.png
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ import time
 from pathlib import Path
 
 
-def replay(path: Path) -> None:
-    """The cost fit of this checkout over recorded steps: per batch class, the fitted cost of one draft."""
+def replay(path: Path, label: str | None = None, series: Path | None = None) -> None:
+    """The cost fit of this checkout over recorded steps: per batch class, the fitted cost of one draft (with
+    ``series``: each class's cost step by step added to that JSON file under ``label``, for ``plot``)."""
     from tandem.core.step_cost import StepCost
+
+    out = json.loads(series.read_text()) if series and series.exists() else {}
 
     by_class: dict[int, list[tuple[int, int, float]]] = {}
     for cls, rows, passes, seconds in json.loads(path.read_text()):
@@ -41,10 +45,33 @@ def replay(path: Path) -> None:
         if not est:
             print(f"class {cls}: {len(steps)} steps, never fitted")
             continue
+        out.setdefault(f"class {cls}", {})[label or "this checkout"] = est
         q, n = sorted(est), len(est)
         print(f"class {cls}: {len(steps)} steps; a draft's fitted cost (row + pass) ms: "
               f"median {statistics.median(q):.2f} p5 {q[n // 20]:.2f} p95 {q[19 * n // 20]:.2f} "
               f"min {q[0]:.2f} max {q[-1]:.2f}")
+    if series:
+        series.write_text(json.dumps(out))
+
+
+def plot(series: Path, png: Path) -> None:
+    """Each replayed checkout's fitted cost of a draft, step by step, a panel per batch class."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(series.read_text())
+    fig, axes = plt.subplots(len(data), 1, figsize=(9, 3 * len(data)), squeeze=False)
+    for ax, (cls, runs) in zip(axes[:, 0], sorted(data.items())):
+        for label, est in runs.items():
+            ax.plot(est, label=label, lw=0.8)
+        ax.set_title(f"{cls}: a draft's fitted cost (row + pass)")
+        ax.set_xlabel("decode step (after the fit)")
+        ax.set_ylabel("ms")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
 
 
 def main() -> int:
@@ -59,9 +86,15 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--steps", help="write every decode step the cost fit saw here (JSON)")
     ap.add_argument("--replay", help="only replay a --steps file through this checkout's cost fit")
+    ap.add_argument("--label", help="with --replay: this checkout's name in --series")
+    ap.add_argument("--series", help="with --replay: add the fitted cost step by step to this JSON file")
+    ap.add_argument("--plot", nargs=2, metavar=("SERIES", "PNG"), help="only plot a --series file")
     ns = ap.parse_args()
+    if ns.plot:
+        plot(Path(ns.plot[0]), Path(ns.plot[1]))
+        return 0
     if ns.replay:
-        replay(Path(ns.replay))
+        replay(Path(ns.replay), ns.label, Path(ns.series) if ns.series else None)
         return 0
 
     import uvicorn
