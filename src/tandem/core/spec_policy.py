@@ -50,9 +50,10 @@ request; a one-pass drafter's every draft), verified in the next step — so the
 explorations keep finding the same choice (drafting or not), their interval doubles, up to ``EXPLORE_MAX``: where
 drafts never pay exploring is what speculation costs — but not after a *close call* not to draft (the best first
 draft worth within ``CLOSE`` of paying) by a drafter with a model: its acceptance estimate learns only from drafts
-verified (a model-free one's also from shadows, below), so one that noise took below the line would stay there (one stream at 0.7 with eagle3 drafted in its first run, then
-stopped, where a draft a step paid 8 %: BENCHMARKS.md §19); a close call is explored every ``EXPLORE_CLOSE``
-steps, where an exploration costs next to nothing. Acceptance needs exploring too: a draft position's estimate
+verified (a model-free one's also from shadows, below), so one that noise took below the line would stay there
+(one stream at 0.7 with eagle3 drafted in its first run, then stopped, where a draft a step paid 8 %:
+BENCHMARKS.md §19); a close call is explored every ``EXPLORE_CLOSE`` steps, where an exploration costs next to
+nothing. Acceptance needs exploring too: a draft position's estimate
 learns only from drafts verified there, so a choice shallower than the limits allow would keep a low estimate of
 the deeper positions forever (one left by an earlier workload). After ``EXPLORE_EVERY`` steps of such a choice one
 step drafts as deep as the limits allow and the next verifies it all; the interval doubles, up to ``EXPLORE_MAX``,
