@@ -18,12 +18,14 @@ import asyncio
 import json
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_spec_policy import bench_run  # noqa: E402
 
 
 def replay(path: Path, label: str | None = None, series: Path | None = None) -> None:
@@ -121,19 +123,15 @@ def main() -> int:
     while not server.started:
         time.sleep(0.1)
     policy = engine.engine.core.scheduler.spec_policy
+    logs = Path(tempfile.mkdtemp(prefix="tandem-policy-state-"))  # each run's bench serve result
     try:
         for temp in ns.temperatures:
             for i in range(ns.runs):
-                result = Path(tempfile.mkstemp(suffix=".json")[1])
-                subprocess.run([sys.executable, "-m", "tandem.entrypoints.cli", "bench", "serve", "--base-url", url,
-                                "--dataset-name", "humaneval", "--num-prompts", str(ns.num_prompts),
-                                "--random-output-len", str(ns.output_len), "--max-concurrency", str(ns.concurrency),
-                                "--temperature", str(temp), "--seed", "0", "--result-file", str(result),
-                                "--disable-tqdm"], check=True, stdout=subprocess.DEVNULL)
-                r = json.loads(result.read_text())
+                _, run = bench_run(url, temp, ns.concurrency, ns, logs)
+                r = run["result"]
                 sd = r.get("spec_decode", {})
-                print(f"T {temp} run {i + 1}/{ns.runs}: {r['output_throughput']:.1f} tok/s, drafts "
-                      f"{sd.get('num_draft_tokens', 0):.0f}, accepted {sd.get('num_accepted_tokens', 0):.0f}",
+                print(f"T {temp} run {i + 1}/{ns.runs} ({run['placement']}): {r['output_throughput']:.1f} tok/s, "
+                      f"drafts {sd.get('num_draft_tokens', 0):.0f}, accepted {sd.get('num_accepted_tokens', 0):.0f}",
                       flush=True)
                 state = policy.as_dict()
                 print("  cost:", json.dumps(state.get("cost")))

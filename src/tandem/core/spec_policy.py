@@ -139,7 +139,6 @@ class AdaptivePolicy(FixedPolicy):
             self.shadows = Shadows(self.acceptance, k)
             self.shadow_depth = self.shadows.depth
         self._shadow_candidates: list[Request] = []
-        self._close = False  # the last allocation chose no drafts by a close call (``_allocate``)
         # Draft trees (``tree_nodes`` > 0): per temperature class, (accepted, verified depth) of a tree verify,
         # as moving averages, started from the chain prior's expected tokens times TREE_GAIN_PRIOR.
         self.tree_nodes = tree_nodes
@@ -150,18 +149,20 @@ class AdaptivePolicy(FixedPolicy):
         # drafting, their masks): a moving average of those steps' residuals. They stay out of the line's fit.
         self.tree_extra = 0.0
 
-    def _allocate(self, decode: list[tuple[Request, int]]) -> list[int]:
+    def _allocate(self, decode: list[tuple[Request, int]]) -> tuple[list[int], bool]:
         """Drafts per request (up to its limit) maximizing expected tokens per second: of the prefixes of the
-        slots best first, the one with the highest rate, the drafts' rows and passes counted at ``MARGIN``."""
+        slots best first, the one with the highest rate, the drafts' rows and passes counted at ``MARGIN``; and
+        whether the best first draft is worth within ``CLOSE`` of what would make it pay (a close call)."""
         cost = line_cost(self.lines, len(decode))
         slot_cost, pass_cost = MARGIN * cost.per_row, MARGIN * cost.per_pass
         tokens, seconds = float(len(decode)), cost.seconds(len(decode))
         best_rate, best_n, passes = tokens / seconds, 0, 0
         floor = best_rate * slot_cost  # a slot worth no more never raises the rate (nor do later ones)
-        cands = []
+        cands, g1 = [], 0.0  # g1: the best first draft's worth
         for i, (req, limit) in enumerate(decode):
-            g = 1.0
-            for j, a in enumerate(self.acceptance.alpha(req)[:limit]):
+            g, alpha = 1.0, self.acceptance.alpha(req)[:limit]
+            g1 = max(g1, alpha[0]) if alpha else g1
+            for j, a in enumerate(alpha):
                 g *= a
                 if g <= floor:
                     break
@@ -169,9 +170,7 @@ class AdaptivePolicy(FixedPolicy):
         cands.sort()  # best first; a request's slots in order (g falls with j)
         room = self._room(len(decode))
         plain_rate = best_rate
-        # How close a choice of none is: the best first draft's worth against what it must be worth to pay.
-        g1 = max((self.acceptance.alpha(req)[0] for req, limit in decode if limit), default=0.0)
-        self._close = g1 >= (1.0 - CLOSE) * plain_rate * (slot_cost + pass_cost)
+        close = g1 >= (1.0 - CLOSE) * plain_rate * (slot_cost + pass_cost)
         for taken, (neg_g, j, _) in enumerate(cands, 1):
             if -neg_g <= best_rate * slot_cost or taken > room:  # this slot and every later one lower the rate
                 break
@@ -186,7 +185,7 @@ class AdaptivePolicy(FixedPolicy):
         chosen = [0] * len(decode)
         for _, _, i in cands[:best_n]:
             chosen[i] += 1
-        return chosen
+        return chosen, close
 
     def _sure(self, limits: list[tuple[Request, int]]) -> list[int]:
         """Each request's leading drafts worth at least ``SURE`` expected tokens, within the fast path: no cost
@@ -234,8 +233,9 @@ class AdaptivePolicy(FixedPolicy):
         # Limits without the drafts' availability: what is worth drafting now for the next step.
         limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
         full = self._fill(limits)
+        close = False  # the best first draft near paying (``_allocate``)
         if cost.fitted:
-            want = self._allocate(limits)
+            want, close = self._allocate(limits)
         elif fitted_below(self.lines, len(decode)):  # only smaller batches measured: their rows were cheaper
             want = self._sure(limits)
         else:  # nothing measured yet: every draft (the deeper positions' acceptance is learnt from them too)
@@ -243,11 +243,12 @@ class AdaptivePolicy(FixedPolicy):
         verify = None  # this step's verified drafts where they are not ``want`` (an exploration's)
         line.since_explore += 1
         self._since_deep += 1
+        # A close call not to draft: the acceptance estimate that made it learns only from drafts verified (no
+        # shadows: a drafter with a model), so one that fell below the line by chance would stay there; explored
+        # often, never backed off.
+        close_call = close and not any(want) and self.shadows is None
         every = line.explore_every if line.cost.fitted else MIN_FIT_STEPS
-        if cost.fitted and self._close and not any(want) and self.shadows is None:
-            # A close call not to draft: the acceptance estimate that made it learns only from drafts verified
-            # (no shadows: a drafter with a model), so one that fell below the line by chance would stay there;
-            # explore it often.
+        if close_call:
             every = min(every, EXPLORE_CLOSE)
         due = line.since_explore >= every
         if want == full:  # as deep as the limits allow: nothing left unexplored below
@@ -260,8 +261,7 @@ class AdaptivePolicy(FixedPolicy):
             self.num_exploration_steps += 1
             drafting = any(want)
             same = drafting == line.was_drafting
-            back_off = same and not (self._close and not drafting and self.shadows is None)
-            line.explore_every = min(2 * line.explore_every, EXPLORE_MAX) if back_off else EXPLORE_EVERY
+            line.explore_every = min(2 * line.explore_every, EXPLORE_MAX) if same and not close_call else EXPLORE_EVERY
             line.was_drafting = drafting
             if drafting:
                 want = [0] * len(decode)  # one step without drafts ...

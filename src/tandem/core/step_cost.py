@@ -84,10 +84,10 @@ class StepCost:
         if self.recent.n > 0.0:
             mx, mz, my = self.recent.get()
             x, z, y, d = rows - mx, passes - mz, seconds - my, SLOPE_DECAY
-        if self.recent.n > 0.0 and (abs(x) >= INFORMATIVE or abs(z) >= INFORMATIVE):
-            self.n, self.dxx, self.dxz = d * self.n + 1, d * self.dxx + x * x, d * self.dxz + x * z
-            self.dzz, self.dxy, self.dzy = d * self.dzz + z * z, d * self.dxy + x * y, d * self.dzy + z * y
-            self.dyy = d * self.dyy + y * y
+            if abs(x) >= INFORMATIVE or abs(z) >= INFORMATIVE:
+                self.n, self.dxx, self.dxz = d * self.n + 1, d * self.dxx + x * x, d * self.dxz + x * z
+                self.dzz, self.dxy, self.dzy = d * self.dzz + z * z, d * self.dxy + x * y, d * self.dzy + z * y
+                self.dyy = d * self.dyy + y * y
         self.recent.add(LEVEL_DECAY, rows, passes, seconds)
         self.steps += 1
         mx, mz, my = self.recent.get()
