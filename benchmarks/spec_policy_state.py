@@ -83,8 +83,9 @@ def main() -> int:
                     help="speculative_config as JSON")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7])
     ap.add_argument("--runs", type=int, default=4, help="bench serve runs per temperature")
-    ap.add_argument("--concurrency", type=int, default=1)
-    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1],
+                    help="streams; several: each temperature's runs at each in turn (bench_spec_pairs.py's order)")
+    ap.add_argument("--num-prompts", type=int, default=0, help="prompts a run (0: one a stream, at least 8)")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--steps", help="write every decode step the cost fit saw here (JSON)")
     ap.add_argument("--replay", help="only replay a --steps file through this checkout's cost fit")
@@ -125,12 +126,15 @@ def main() -> int:
     policy = engine.engine.core.scheduler.spec_policy
     logs = Path(tempfile.mkdtemp(prefix="tandem-policy-state-"))  # each run's bench serve result
     try:
-        for temp in ns.temperatures:
+        prompts = ns.num_prompts
+        for temp, conc in ((t, c) for t in ns.temperatures for c in ns.concurrency):
+            ns.num_prompts = prompts or max(8, conc)  # what bench_run reads
             for i in range(ns.runs):
-                _, run = bench_run(url, temp, ns.concurrency, ns, logs)
+                _, run = bench_run(url, temp, conc, ns, logs)
                 r = run["result"]
                 sd = r.get("spec_decode", {})
-                print(f"T {temp} run {i + 1}/{ns.runs} ({run['placement']}): {r['output_throughput']:.1f} tok/s, "
+                print(f"T {temp} c {conc} run {i + 1}/{ns.runs} ({run['placement']}): "
+                      f"{r['output_throughput']:.1f} tok/s, "
                       f"drafts {sd.get('num_draft_tokens', 0):.0f}, accepted {sd.get('num_accepted_tokens', 0):.0f}",
                       flush=True)
                 state = policy.as_dict()
