@@ -17,16 +17,11 @@ request commits at that position is drawn from p (rejection sampling keeps the t
 equals the draft with the same probability. Greedy, it is the exact outcome. The estimate is unbiased and needs
 no verify row.
 
-A sampled request's shadow teaches only its temperature class, not the request's own counts: one request's few
-sampled shadows are a noisy sample, and with them a single lucky shadow (3 of 3 at T 0.7) lifted that request's
-estimate past the bar and bought verify rows that then lost (suffix, 16 streams, T 0.7, in one process: 470–541
-tok/s against 534–547 before shadows; teaching the class only, 534–544; BENCHMARKS.md §19). The class estimate
-averages every request's. A greedy request's shadow is no sample: it is the outcome verifying those drafts would
-have had, so it teaches the request's own counts too (``GREEDY_OWN``). Without that, a greedy class estimate
-pulled down by requests the drafter has nothing for (a batch of new prompts: their empty slots are misses) kept
-the requests it does have drafts for from drafting until the class's slow average recovered — suffix decoding at
-32 greedy streams repeating earlier outputs drafted 51-121 tokens a run where a fixed draft a step gained 18 %
-(BENCHMARKS.md §19, session 18). Running the
+Only the request's temperature class learns from a shadow, not the request's own counts: one request's few
+shadows are a noisy sample, and with them a single lucky shadow (3 of 3 at T 0.7) lifted that request's estimate
+past the bar and bought verify rows that then lost (suffix, 16 streams, T 0.7, in one process: 470–541 tok/s
+against 534–547 before shadows; teaching the class only, 534–544; BENCHMARKS.md §19). The class estimate averages
+every request's. Running the
 drafter is not free either (~0.45 ms a call for 8 requests at 32 streams, mostly per call), and the class needs
 no more than a sample now and then, so a request is shadowed at most once every ``SHADOW_EVERY`` steps (its
 shadow resolves at the first mismatch), at most ``SHADOW_BUDGET`` requests a step, at most ``SHADOW_DEPTH``
@@ -45,7 +40,6 @@ from tandem.core.request import Request
 SHADOW_BUDGET = 8  # requests shadowed in one step, at most
 SHADOW_DEPTH = 8  # drafts a shadow makes, at most
 SHADOW_EVERY = 32  # steps from one shadow of a request to its next, at least
-GREEDY_OWN = True  # a greedy request's shadow also teaches its own counts (the exact outcome, not a sample)
 
 
 class Shadows:
@@ -113,8 +107,7 @@ class Shadows:
             del self._pending[rid]
 
     def _score(self, req: Request, tried: int, accepted: int) -> None:
-        greedy = self.acceptance.kind_of(req)[0] == 0
-        self.acceptance.observe(req, tried, accepted, own_counts=GREEDY_OWN and greedy)
+        self.acceptance.observe(req, tried, accepted, own_counts=False)
         self.num_scored += 1
         self.num_drafts += tried
         self.num_accepted += accepted
