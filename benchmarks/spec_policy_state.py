@@ -82,7 +82,7 @@ def main() -> int:
     ap.add_argument("--spec", default='{"method":"eagle3","num_speculative_tokens":3}',
                     help="speculative_config as JSON")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7])
-    ap.add_argument("--runs", type=int, default=4, help="bench serve runs per temperature")
+    ap.add_argument("--runs", type=int, default=4, help="bench serve runs per temperature and concurrency")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1],
                     help="streams; several: each temperature's runs at each in turn (bench_spec_pairs.py's order)")
     ap.add_argument("--num-prompts", type=int, default=0, help="prompts a run (0: one a stream, at least 8)")
