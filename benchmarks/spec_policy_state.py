@@ -126,11 +126,10 @@ def main() -> int:
     policy = engine.engine.core.scheduler.spec_policy
     logs = Path(tempfile.mkdtemp(prefix="tandem-policy-state-"))  # each run's bench serve result
     try:
-        prompts = ns.num_prompts
         for temp, conc in ((t, c) for t in ns.temperatures for c in ns.concurrency):
-            ns.num_prompts = prompts or max(8, conc)  # what bench_run reads
+            run_ns = argparse.Namespace(num_prompts=ns.num_prompts or max(8, conc), output_len=ns.output_len)
             for i in range(ns.runs):
-                _, run = bench_run(url, temp, conc, ns, logs)
+                _, run = bench_run(url, temp, conc, run_ns, logs)
                 r = run["result"]
                 sd = r.get("spec_decode", {})
                 print(f"T {temp} c {conc} run {i + 1}/{ns.runs} ({run['placement']}): "
