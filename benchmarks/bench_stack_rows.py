@@ -1,13 +1,17 @@
 """How wide a step the native decoder stack should take: the engine's decode and verify steps with the
-stack limited to 8 rows (its limit before; wider steps ran the torch layers) against the default limit
-(``NativeDecode.max_rows``: 64 rows on the default model's interleaved blocks), arms interleaved.
+stack limited to ``--narrow`` rows (8: its first limit; 64: its limit before wider steps took the products in
+slices; wider steps run the torch layers) against the default limit (``NativeDecode.max_rows``: 256 rows on
+the default model's interleaved blocks with int8 activations, 64 otherwise), arms interleaved.
 
 Each case starts N greedy streams of the default model (SmolLM2-135M-Instruct, Q4_1 blocks), steps past the
 prefills, then times every step until the streams finish; rounds alternate the arms, so drift in the
 machine's speed hits both. A case ``N`` is N-way decode (N rows a step); ``N:eagle3`` adds EAGLE-3 with 3
-drafts every step (fixed policy: 4N rows a verify step).
+drafts every step (fixed policy: 4N rows a verify step), ``N:eagle3:K`` with K drafts ((K + 1) N rows).
 
-    python benchmarks/bench_stack_rows.py --json benchmarks/results/stack_rows.json --plot benchmarks/results/stack_rows.png
+    python benchmarks/bench_stack_rows.py --json benchmarks/results/stack_rows.json \
+        --plot benchmarks/results/stack_rows.png
+    python benchmarks/bench_stack_rows.py --narrow 64 --cases 64 32:eagle3:1 64:eagle3:1 32:eagle3 \
+        --json benchmarks/results/stack_rows_wide.json --plot benchmarks/results/stack_rows_wide.png
 """
 
 from __future__ import annotations
@@ -25,8 +29,6 @@ from common import environment, grouped_bars  # noqa: E402
 from tandem import LLM, SamplingParams  # noqa: E402
 from tandem.model.native_decode import NativeDecode  # noqa: E402
 
-NARROW = 8  # the stack's row limit before
-
 
 def stack_of(llm: LLM) -> NativeDecode:
     model = llm.engine.core.executor.runner.model
@@ -36,15 +38,16 @@ def stack_of(llm: LLM) -> NativeDecode:
     return nd
 
 
-def run_case(n: int, spec: str | None, rounds: int, max_tokens: int) -> dict[str, object]:
-    sc = None if spec is None else {"method": spec, "num_speculative_tokens": 3, "policy": "fixed"}
+def run_case(n: int, spec: str | None, k: int, rounds: int, max_tokens: int, narrow: int) -> dict[str, object]:
+    sc = None if spec is None else {"method": spec, "num_speculative_tokens": k, "policy": "fixed"}
     llm = LLM(max_num_seqs=n, speculative_config=sc)
     nd = stack_of(llm)
     wide = nd.max_rows
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     times: dict[str, list[float]] = {"narrow": [], "wide": []}
     for rnd in range(rounds):
-        for arm, limit in (("narrow", NARROW), ("wide", wide)) if rnd % 2 == 0 else (("wide", wide), ("narrow", NARROW)):
+        arms = (("narrow", narrow), ("wide", wide))
+        for arm, limit in arms if rnd % 2 == 0 else arms[::-1]:
             nd.max_rows = limit
             for i in range(n):
                 llm.add_request(f"def function_{rnd}_{i}(values):\n    ", params)
@@ -60,35 +63,39 @@ def run_case(n: int, spec: str | None, rounds: int, max_tokens: int) -> dict[str
     nd.max_rows = wide
     llm.shutdown()
     narrow_ms, wide_ms = statistics.median(times["narrow"]), statistics.median(times["wide"])
-    rows = n * (1 if spec is None else 4)
-    return {"n": n, "spec": spec or "none", "rows": rows, "wide_limit": wide, "narrow_ms": narrow_ms,
+    rows = n * (1 if spec is None else k + 1)
+    return {"n": n, "spec": spec or "none", "k": k, "rows": rows, "wide_limit": wide, "narrow_limit": narrow,
+            "narrow_ms": narrow_ms,
             "wide_ms": wide_ms, "speedup": narrow_ms / wide_ms, "runs": times}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", default=["16", "32", "64", "4:eagle3", "16:eagle3"],
-                    help="N (N-way decode) or N:METHOD (fixed 3 drafts)")
+                    help="N (N-way decode), N:METHOD (fixed 3 drafts) or N:METHOD:K")
     ap.add_argument("--rounds", type=int, default=4, help="rounds per case, arms alternating (default 4)")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--narrow", type=int, default=8, help="the narrow arm's row limit (default 8)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args()
     results = []
     for case in args.cases:
-        n, _, spec = case.partition(":")
-        results.append(run_case(int(n), spec or None, args.rounds, args.max_tokens))
-    print("\n| case | rows a step | stack <= 8 rows ms | stack <= limit ms | speed-up |")
+        n, spec, k = (case.split(":") + ["", ""])[:3]
+        results.append(run_case(int(n), spec or None, int(k or 3), args.rounds, args.max_tokens, args.narrow))
+    print(f"\n| case | rows a step | stack <= {args.narrow} rows ms | stack <= limit ms | speed-up |")
     print("|---|---|---|---|---|")
     for r in results:
-        name = f"{r['n']}-way" + ("" if r["spec"] == "none" else f" + {r['spec']} k=3")
+        name = f"{r['n']}-way" + ("" if r["spec"] == "none" else f" + {r['spec']} k={r['k']}")
         print(f"| {name} | {r['rows']} | {r['narrow_ms']:.1f} | {r['wide_ms']:.1f} | {r['speedup']:.2f}x |")
     if args.json:
         Path(args.json).write_text(json.dumps({"environment": environment(), "args": vars(args),
                                                "results": results}, indent=1))
     if args.plot:
-        groups = [f"{r['n']}" + ("" if r["spec"] == "none" else f"+{r['spec']}") + f"\n{r['rows']} rows" for r in results]
-        grouped_bars(args.plot, groups, {"stack <= 8 rows, torch layers above": [r["narrow_ms"] for r in results],
+        groups = [f"{r['n']}" + ("" if r["spec"] == "none" else f"+{r['spec']} k={r['k']}") + f"\n{r['rows']} rows"
+                  for r in results]
+        grouped_bars(args.plot, groups, {f"stack <= {args.narrow} rows, torch layers above":
+                                         [r["narrow_ms"] for r in results],
                                          "stack <= its limit": [r["wide_ms"] for r in results]},
                      "ms per step (median)", "SmolLM2-135M Q4_1 decode/verify steps: native stack width")
 

@@ -159,6 +159,59 @@ def test_native_stack_takes_wide_short_steps_on_blocks(tiny_gguf: Path) -> None:
     assert not nd.applies(beyond), "a step beyond the limit must take the torch layers"
 
 
+INTERLEAVED_QUANT = {name: (Q.Q8_0 if "embed" in name or "k_proj" in name else Q.Q4_1) for name in QUANT}
+
+
+@pytest.mark.parametrize("activations", ["int8x2", "float32"])
+def test_native_stack_takes_steps_past_the_product_kernels_rows_in_slices(
+        tmp_path: Path, activations: str) -> None:
+    """Every part interleaved and multiplying int8 activations with VNNI: the torch layers run a wide
+    product in slices of rows through the few-row kernel (``int8_rows``), so the stack takes any step its
+    kernel does (``max_rows``, 256), its products in the same slices: a 200-row step of decodes and verifies
+    runs natively and matches the torch layers, K/V included, and the plan from the file's index says the
+    same. Without VNNI, or with float32 activations, the stack stops at the few-row kernels' 64 rows."""
+    from tandem.model.block_quant_linear import QUANT_FEW_ROWS_INTERLEAVED
+    from tandem.model.native_decode import planned_stack_rows
+    from tandem.native.decode_forward import decode_forward_kernel
+
+    path = _tiny(tmp_path / "tiny-r16.gguf", INTERLEAVED_QUANT)
+    ckpt = load_checkpoint(path, keep_quantized=True)
+    mq = CausalLM.from_tensors(ckpt.args, ckpt.tensors, quant_activations=activations)
+    ref = CausalLM.from_tensors(ckpt.args, ckpt.tensors, quant_activations=activations)
+    ref._native, ref._native_resolved = None, True
+    nd = mq._native_decode()
+    assert nd is not None and all(m.all_interleaved for m in (mq.layers[0].qkv, mq.layers[1].down))
+    sliced = activations != "float32" and quant_linear_kernel().vnni  # type: ignore[union-attr]
+    kernel_rows = decode_forward_kernel().max_rows  # type: ignore[union-attr]
+    assert kernel_rows > QUANT_FEW_ROWS_INTERLEAVED
+    assert nd.max_rows == (kernel_rows if sliced else QUANT_FEW_ROWS_INTERLEAVED)
+    assert planned_stack_rows(["Q4_1", "Q8_0"], kernel_rows, sliced) == nd.max_rows
+    assert planned_stack_rows(["Q4_1", "Q6_K"], kernel_rows, True) == QUANT_FEW_ROWS  # not every part interleaved
+    if not sliced:
+        return
+    a = mq.args
+    gen = torch.Generator().manual_seed(7)
+    q_lens = [1, 4] * 40  # 200 rows: 40 decodes, 40 verifies of 3 drafts
+    cache = KVCache.allocate(a.num_hidden_layers, 4 * len(q_lens), 4, a.num_key_value_heads, a.head_dim,
+                             torch.float32, "cpu")
+    for t in (*cache.k, *cache.v):
+        t.copy_(torch.randn(t.shape, generator=gen))
+    ref_cache = KVCache([t.clone() for t in cache.k], [t.clone() for t in cache.v])
+    reqs = [PagedRequest(torch.randint(0, a.vocab_size, (q,), generator=gen).tolist(), 3 + (i % 7),
+                         list(range(4 * i, 4 * i + 4))) for i, q in enumerate(q_lens)]
+    wide = build_forward_batch(reqs, 4, "cpu")
+    got = mq(wide, cache).hidden_states
+    assert wide.num_tokens == 200 > QUANT_FEW_ROWS_INTERLEAVED and nd.applies(wide), "the native stack did not run"
+    wide.attn_metadata = None
+    want = ref(wide, ref_cache).hidden_states
+    # int8 activations: a last-bit difference in a norm can move a rounding step of the next product's input,
+    # so the two formulations differ by ~1e-4 of the range at any row count (5 rows alike); a row in the
+    # wrong slice would be off by the range itself
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-4 * float(want.abs().max()))
+    for x, y in zip((*cache.k, *cache.v), (*ref_cache.k, *ref_cache.v)):
+        torch.testing.assert_close(x, y, rtol=0, atol=2e-4 * float(y.abs().max()))
+
+
 def test_resident_bytes_are_the_blocks(tiny_gguf: Path) -> None:
     mq, mf = _models(tiny_gguf)
     assert mq.weight_nbytes() < 0.4 * mf.weight_nbytes()

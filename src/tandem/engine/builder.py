@@ -208,9 +208,12 @@ def _native_decode_rows(config: EngineConfig, execution: ExecutionPlan, quant: Q
         return 0
     from tandem.model.native_decode import planned_stack_rows
     from tandem.native.decode_forward import decode_forward_kernel
+    from tandem.native.quant_linear import quant_linear_kernel
 
-    kernel = decode_forward_kernel()
-    return 0 if kernel is None else planned_stack_rows(types if quant.keep_quantized else None, kernel.max_rows)
+    kernel, qkernel = decode_forward_kernel(), quant_linear_kernel()
+    sliced = quant.activations != "float32" and qkernel is not None and qkernel.vnni
+    return 0 if kernel is None else planned_stack_rows(types if quant.keep_quantized else None, kernel.max_rows,
+                                                       sliced)
 
 
 def step_token_budget(config: EngineConfig, max_model_len: int) -> int:

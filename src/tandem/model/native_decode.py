@@ -20,7 +20,12 @@ import torch
 from tandem import overrides
 from tandem.model.attention.paged_cpu import PagedCpuMetadata
 from tandem.model.block_quant import BlockQuantWeight
-from tandem.model.block_quant_linear import INTERLEAVED_TYPES, QUANT_FEW_ROWS, QUANT_FEW_ROWS_INTERLEAVED
+from tandem.model.block_quant_linear import (
+    INTERLEAVED_TYPES,
+    QUANT_FEW_ROWS,
+    QUANT_FEW_ROWS_INTERLEAVED,
+    int8_rows,
+)
 from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.layers import LayerContext
 from tandem.model.linear import NATIVE_FEW_ROWS
@@ -31,6 +36,7 @@ from tandem.native.decode_forward import (
     StackShape,
     decode_forward_kernel,
 )
+from tandem.native.quant_linear import quant_linear_kernel
 
 if TYPE_CHECKING:
     from tandem.model.transformer import CausalLM
@@ -43,23 +49,31 @@ def native_decode_enabled() -> bool:
 def stack_rows(layers: Sequence[object], kernel_rows: int) -> int:
     """Up to how many rows the stack runs a model's step: as far as its products are the few-row kernels the
     torch layers would pick too (block_quant_linear, linear.py). Block-quantized layers: every part
-    interleaved, :data:`QUANT_FEW_ROWS_INTERLEAVED` (a 32-way decode step went from 40 to 34 ms in one call,
-    BENCHMARKS.md §12), else :data:`QUANT_FEW_ROWS`; dense weights :data:`NATIVE_FEW_ROWS`, where oneDNN's
-    GEMM takes over."""
+    interleaved and multiplying int8 activations with VNNI, any count the stack takes (``kernel_rows``): the
+    torch layers run those products in slices of rows through the same kernel (``int8_rows``), as the stack
+    does, so a wider step loses only the torch layers' element-wise kernels (a verify of 128 rows went from
+    ... ms to ... ms, BENCHMARKS.md §12); every part interleaved otherwise, :data:`QUANT_FEW_ROWS_INTERLEAVED`
+    (a 32-way decode step went from 40 to 34 ms in one call, §12), else :data:`QUANT_FEW_ROWS`; dense weights
+    :data:`NATIVE_FEW_ROWS`, where oneDNN's GEMM takes over."""
     mats = [getattr(layer, name) for layer in layers for name in ("qkv", "o_proj", "gate_up", "down")]
     if mats and all(isinstance(m, BlockQuantWeight) for m in mats):
+        qkernel = quant_linear_kernel()
+        if qkernel is not None and all(int8_rows(m, qkernel) for m in mats):
+            return kernel_rows
         interleaved = all(m.all_interleaved for m in mats)
         return min(kernel_rows, QUANT_FEW_ROWS_INTERLEAVED if interleaved else QUANT_FEW_ROWS)
     return min(kernel_rows, NATIVE_FEW_ROWS)
 
 
-def planned_stack_rows(types: Sequence[str] | None, kernel_rows: int) -> int:
+def planned_stack_rows(types: Sequence[str] | None, kernel_rows: int, sliced: bool = False) -> int:
     """:func:`stack_rows` from a model file's tensor index alone (the engine's plan, before any weight is
     loaded): ``types`` the block types kept (every one interleaved at load: block_repack), or ``None`` for
-    dense weights."""
+    dense weights; ``sliced``: the interleaved products multiply int8 activations with VNNI (``int8_rows``)."""
     if types is None:
         return min(kernel_rows, NATIVE_FEW_ROWS)
     interleaved = bool(types) and all(t in INTERLEAVED_TYPES for t in types)
+    if interleaved and sliced:
+        return kernel_rows
     return min(kernel_rows, QUANT_FEW_ROWS_INTERLEAVED if interleaved else QUANT_FEW_ROWS)
 
 

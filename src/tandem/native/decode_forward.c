@@ -26,7 +26,9 @@
 #include "quant.h"
 
 #define TANDEM_DECODE_FORWARD_ABI 7
-#define MAX_ROWS 64 /* short steps: decode rows and verify rows, as many as the few-row products take (QMAX_ROWS) */
+#define MAX_ROWS 256 /* short steps: decode rows and verify rows; the products take them QMAX_ROWS /
+                       * GEMV_MAX_ROWS at a time (layer_product), and Python decides how many a model's stack
+                       * takes (native_decode.py: stack_rows) */
 #define PAR_ROWS 4  /* the element-wise work between the products is split over the threads from this many rows */
 #define LAYER_PTRS 21 /* qkv, qkv_bias, qk_norm, o_proj, o_bias, gate_up, down, k_cache, v_cache, then the
                         * int8 weights' scales (qkv, o_proj, gate_up, down; 0 otherwise), then the
@@ -54,13 +56,22 @@ static inline int matrix_dtype(const Shape *s, int64_t scale) { return scale ? W
 
 /* y[r * ldy + o] = x[r] . W_m[o] for the layer's matrix m (0 qkv, 1 o_proj, 2 gate_up, 3 down): a GGUF
  * block-quantized matrix where it has a descriptor (its input gain applied by q_gemv), else gemv_rows in the
- * matrix's dtype. Returns 0 or a negative error. */
+ * matrix's dtype; in slices of as many rows as those kernels take (each row's result is the same in any
+ * slice: block_quant_linear.py's _in_slices runs the torch layers' wide products so). Returns 0 or a
+ * negative error. */
 static int layer_product(const Shape *s, const int64_t *lp, int m, const float *x, int64_t in, int64_t out,
                          float *y, int64_t ldy) {
     static const int weight_slot[4] = {0, 3, 5, 6};
-    if (lp[13 + m]) return q_gemv((const int64_t *)lp[13 + m], x, s->rows, y, ldy, s->threads);
-    return gemv_rows(x, s->rows, in, (const void *)lp[weight_slot[m]], (const float *)lp[9 + m], out,
-                     matrix_dtype(s, lp[9 + m]), y, ldy, s->threads);
+    const int64_t slice = lp[13 + m] ? QMAX_ROWS : GEMV_MAX_ROWS;
+    for (int64_t r0 = 0; r0 < s->rows; r0 += slice) {
+        const int64_t n = s->rows - r0 < slice ? s->rows - r0 : slice;
+        const int rc = lp[13 + m] ? q_gemv((const int64_t *)lp[13 + m], x + r0 * in, n, y + r0 * ldy, ldy, s->threads)
+                                  : gemv_rows(x + r0 * in, n, in, (const void *)lp[weight_slot[m]],
+                                              (const float *)lp[9 + m], out, matrix_dtype(s, lp[9 + m]),
+                                              y + r0 * ldy, ldy, s->threads);
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 static inline void store_elem(void *base, int64_t i, float v, int is_bf16) {
