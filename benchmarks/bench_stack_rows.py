@@ -12,6 +12,14 @@ drafts every step (fixed policy: 4N rows a verify step), ``N:eagle3:K`` with K d
         --plot benchmarks/results/stack_rows.png
     python benchmarks/bench_stack_rows.py --narrow 64 --cases 64 32:eagle3:1 64:eagle3:1 32:eagle3 \
         --json benchmarks/results/stack_rows_wide.json --plot benchmarks/results/stack_rows_wide.png
+
+``--forward BxQ ...`` times the model's forward alone instead (logits of every row included, as a verify takes
+them): B requests of Q rows after 256 cached tokens, the stack against the torch layers (same weights, int8x2
+activations), alternating step by step, 24 steps each (medians of the last 22) — the engine's steps above also
+carry sampling, drafting and the host's work, whose spread hides a few per cent:
+
+    python benchmarks/bench_stack_rows.py --forward 16x4 32x2 32x4 64x2 48x4 64x4 \
+        --json benchmarks/results/stack_rows_forward.json
 """
 
 from __future__ import annotations
@@ -69,6 +77,44 @@ def run_case(n: int, spec: str | None, k: int, rounds: int, max_tokens: int, nar
             "wide_ms": wide_ms, "speedup": narrow_ms / wide_ms, "runs": times}
 
 
+def run_forward(shapes: list[str], steps: int = 24, context: int = 256) -> list[dict[str, object]]:
+    """The forward alone, the stack against the torch layers (``--forward``)."""
+    import torch
+    from bench_native_decode import steps_for
+
+    from tandem.model import CausalLM
+    from tandem.model.loader import DEFAULT_MODEL, load_checkpoint
+
+    ckpt = load_checkpoint(DEFAULT_MODEL, keep_quantized=True)
+
+    def build(stack: bool) -> CausalLM:
+        m = CausalLM.from_tensors(ckpt.args, ckpt.tensors, torch.float32, "cpu", quant_activations="int8x2")
+        if not stack:
+            m._native, m._native_resolved = None, True  # the torch layers
+        return m
+
+    ms, ml = build(True), build(False)
+    limit = ms._native_decode().max_rows  # type: ignore[union-attr]
+    out = []
+    for shape in shapes:
+        b, q = map(int, shape.split("x"))
+        arms = {"stack": (steps_for(ms, b, q, context, steps), []), "layers": (steps_for(ml, b, q, context, steps), [])}
+        for i in range(steps):
+            for name in ("stack", "layers") if i % 2 == 0 else ("layers", "stack"):
+                fns, times = arms[name]
+                start = time.perf_counter()
+                fns[i]()
+                times.append((time.perf_counter() - start) * 1e3)
+        stack_ms, layers_ms = (statistics.median(arms[a][1][2:]) for a in ("stack", "layers"))
+        row = {"shape": shape, "rows": b * q, "stack_limit": limit, "stack_ms": stack_ms, "layers_ms": layers_ms,
+               "layers_over_stack": layers_ms / stack_ms}
+        print(f"{shape} ({b * q} rows): stack {stack_ms:.1f} ms, torch layers {layers_ms:.1f} ms, "
+              f"{layers_ms / stack_ms:.3f}x" + ("" if b * q <= limit else " (past the stack's limit: both torch)"),
+              flush=True)
+        out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", default=["16", "32", "64", "4:eagle3", "16:eagle3"],
@@ -78,7 +124,14 @@ def main() -> None:
     ap.add_argument("--narrow", type=int, default=8, help="the narrow arm's row limit (default 8)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
+    ap.add_argument("--forward", nargs="+", metavar="BxQ", help="time the forward alone at these shapes")
     args = ap.parse_args()
+    if args.forward:
+        rows = run_forward(args.forward)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"environment": environment(), "args": vars(args),
+                                                   "results": rows}, indent=1))
+        return
     results = []
     for case in args.cases:
         n, spec, k = (case.split(":") + ["", ""])[:3]

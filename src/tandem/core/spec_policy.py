@@ -38,11 +38,13 @@ tokens per second, the drafts' own costs (their rows, and the passes their deepe
 beats no drafts by ``MIN_GAIN``. When drafts do not pay — the batch is compute-bound, acceptance is low, drafting
 passes cost more than the tokens they add — every request gets ``k = 0`` and the proposer is not run (a drafter
 with its own KV runs over prompt chunks only). A row count past ``fast_rows`` (the native decoder stack's,
-``EnginePlan.native_decode_rows``) moves the whole step to the torch layers (1.1-1.3x the step on the default
-model, BENCHMARKS.md §12), so the first row past it costs several rows, a cliff no line fits: drafts never take a
-step past it (a step already past it without drafts is priced by the line alone), nor do trees. (So a batch of
-exactly that many requests never drafts: at 64 greedy streams suffix decoding's all-accepted drafts, 6-10 %
-there at a fixed k = 1, are left; §19.) Until a cost line is fitted every draft is verified (the fixed behaviour; one draft a request instead left
+``EnginePlan.native_decode_rows``: 256 on the default model with int8 activations, 64 with float32 ones) moves
+the whole step to the torch layers, a step the line does not price (1.02-1.14x at 64-256 rows with int8
+activations, BENCHMARKS.md §12; more with float32 ones, whose wide products are dequantized tiles + GEMM): drafts
+never take a step past it (a step already past it without drafts is priced by the line alone), nor do trees.
+(While the stack stopped at 64 rows everywhere, a batch of 64 requests never drafted: at 64 greedy streams
+suffix decoding's all-accepted drafts were left, 0.99x no speculation against a fixed k = 1's 1.06x; with
+room to 256 rows the adaptive policy reads 1.16x there, §19.) Until a cost line is fitted every draft is verified (the fixed behaviour; one draft a request instead left
 the deeper positions' acceptance unlearnt, and one stream stopped drafting); a batch class whose own slope is not
 settled takes the line of the nearest fitted class of more requests (``step_cost.line_cost``); where only smaller
 classes are fitted, until its own line is, only near-certain drafts (``SURE``): a smaller batch's verify rows ride
