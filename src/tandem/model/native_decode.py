@@ -53,9 +53,8 @@ def stack_rows(layers: Sequence[object], kernel_rows: int) -> int:
     torch layers run those products in slices of rows through the same kernel (``int8_rows``), as the stack
     does, so a wider step loses only the torch layers' element-wise kernels (1.02-1.14x at 64-256 rows: a
     verify of 32 x 4 rows 164 -> 156 ms, BENCHMARKS.md §12); every part interleaved otherwise,
-    :data:`QUANT_FEW_ROWS_INTERLEAVED`
-    (a 32-way decode step went from 40 to 34 ms in one call, §12), else :data:`QUANT_FEW_ROWS`; dense weights
-    :data:`NATIVE_FEW_ROWS`, where oneDNN's GEMM takes over."""
+    :data:`QUANT_FEW_ROWS_INTERLEAVED` (a 32-way decode step went from 40 to 34 ms in one call, §12), else
+    :data:`QUANT_FEW_ROWS`; dense weights :data:`NATIVE_FEW_ROWS`, where oneDNN's GEMM takes over."""
     mats = [getattr(layer, name) for layer in layers for name in ("qkv", "o_proj", "gate_up", "down")]
     if mats and all(isinstance(m, BlockQuantWeight) for m in mats):
         qkernel = quant_linear_kernel()

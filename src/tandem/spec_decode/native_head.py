@@ -40,8 +40,10 @@ class NativeHeadLayer:
     def __init__(self, head: DraftHead, kv_cache: KVCache, kernel: DecodeForwardKernel) -> None:
         cfg, hidden = head.cfg, head.cfg.hidden_size
         self.head, self.kernel = head, kernel
-        # As many rows as the torch layer's products would run in the same few-row kernel (linear.py): any
-        # count the kernel takes for int8 weights or bf16 ones under float32 activations, else the dense limit.
+        # Int8 weights or bf16 ones under float32 activations: any count the kernel takes (256 rows; its
+        # products in slices of the few-row kernels' 64, as the torch layer runs Q8_0 blocks on VNNI, while
+        # its int8 and bf16 products past 64 rows are torch's — a draft's bits may differ between the two
+        # paths there, never an output); else the dense limit, where the torch layer's products are the same.
         mixed = head.weight_dtype != head.dtype  # int8, or bf16 under float32
         self.max_rows = kernel.max_rows if mixed else min(kernel.max_rows, NATIVE_FEW_ROWS)
         self.shape = StackShape(
