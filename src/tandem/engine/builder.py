@@ -206,12 +206,13 @@ def _native_decode_rows(config: EngineConfig, execution: ExecutionPlan, quant: Q
         return 0
     if config.model.resolved_dtype() not in ("float32", "bfloat16"):
         return 0
+    from tandem.model.block_quant_linear import sliced_activations
     from tandem.model.native_decode import planned_stack_rows
     from tandem.native.decode_forward import decode_forward_kernel
     from tandem.native.quant_linear import quant_linear_kernel
 
-    kernel, qkernel = decode_forward_kernel(), quant_linear_kernel()
-    sliced = quant.activations != "float32" and qkernel is not None and qkernel.vnni
+    kernel = decode_forward_kernel()
+    sliced = sliced_activations(quant.activations, quant_linear_kernel())
     return 0 if kernel is None else planned_stack_rows(types if quant.keep_quantized else None, kernel.max_rows,
                                                        sliced)
 

@@ -79,7 +79,13 @@ def int8_rows(weight: BlockQuantWeight, kernel: _quant_linear.QuantLinearKernel)
     products take ~2x the multiply-adds of float32 FMAs an instruction, so a prefill chunk's products beat
     dequantized tiles + torch's float32 GEMM (BENCHMARKS.md §13), and every row has the bits it would have
     alone (a prompt's rows equal the same tokens decoded one by one)."""
-    return weight.all_interleaved and weight.activations != "float32" and kernel.vnni
+    return weight.all_interleaved and sliced_activations(weight.activations, kernel)
+
+
+def sliced_activations(activations: str, kernel: _quant_linear.QuantLinearKernel | None) -> bool:
+    """:func:`int8_rows` for interleaved parts multiplying ``activations``, as the engine's plan knows it before
+    any weight is loaded."""
+    return activations != "float32" and kernel is not None and kernel.vnni
 
 
 def _in_slices(x: torch.Tensor, weight: BlockQuantWeight, bias: torch.Tensor | None,

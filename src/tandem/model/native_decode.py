@@ -58,10 +58,9 @@ def stack_rows(layers: Sequence[object], kernel_rows: int) -> int:
     mats = [getattr(layer, name) for layer in layers for name in ("qkv", "o_proj", "gate_up", "down")]
     if mats and all(isinstance(m, BlockQuantWeight) for m in mats):
         qkernel = quant_linear_kernel()
-        if qkernel is not None and all(int8_rows(m, qkernel) for m in mats):
-            return kernel_rows
         interleaved = all(m.all_interleaved for m in mats)
-        return min(kernel_rows, QUANT_FEW_ROWS_INTERLEAVED if interleaved else QUANT_FEW_ROWS)
+        sliced = qkernel is not None and all(int8_rows(m, qkernel) for m in mats)
+        return _block_rows(interleaved, sliced, kernel_rows)
     return min(kernel_rows, NATIVE_FEW_ROWS)
 
 
@@ -71,7 +70,12 @@ def planned_stack_rows(types: Sequence[str] | None, kernel_rows: int, sliced: bo
     dense weights; ``sliced``: the interleaved products multiply int8 activations with VNNI (``int8_rows``)."""
     if types is None:
         return min(kernel_rows, NATIVE_FEW_ROWS)
-    interleaved = bool(types) and all(t in INTERLEAVED_TYPES for t in types)
+    return _block_rows(bool(types) and all(t in INTERLEAVED_TYPES for t in types), sliced, kernel_rows)
+
+
+def _block_rows(interleaved: bool, sliced: bool, kernel_rows: int) -> int:
+    """The stack's rows on block-quantized layers, the one rule :func:`stack_rows` (from the weights) and
+    :func:`planned_stack_rows` (from the file's index) share."""
     if interleaved and sliced:
         return kernel_rows
     return min(kernel_rows, QUANT_FEW_ROWS_INTERLEAVED if interleaved else QUANT_FEW_ROWS)
