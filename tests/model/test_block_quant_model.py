@@ -318,6 +318,9 @@ def test_tandem_config_shows_the_default_models_quantization(capsys: pytest.Capt
     assert doc["kernels"]["activations"] == doc["quantization"]["activations"]["resolved"]
     assert 90e6 < doc["weight_bytes"] < 100e6  # the Q4_1 / Q8_0 blocks (the file is 98 MB), not 538 MB of fp32
     assert set(doc["kernels"]) >= {"isa", "compiled", "Q4_1", "Q8_0"}
+    # the whole stack's rows in the kernels' table are the ones the engine plans (256 with VNNI, 64 without)
+    assert doc["native_decode_rows"] == (256 if vnni else 64)
+    assert f"1-{doc['native_decode_rows']} rows, whole stack" in doc["kernels"]["Q4_1"]
     assert cli_main(["config", "--json", "--quantization", "none"]) in (0, None)
     doc = json.loads(capsys.readouterr().out)
     assert doc["quantization"]["resolved"] == "none" and doc["weight_bytes"] > 500e6 and doc["kernels"] is None
