@@ -206,15 +206,9 @@ def _native_decode_rows(config: EngineConfig, execution: ExecutionPlan, quant: Q
         return 0
     if config.model.resolved_dtype() not in ("float32", "bfloat16"):
         return 0
-    from tandem.model.block_quant_linear import sliced_activations
-    from tandem.model.native_decode import planned_stack_rows
-    from tandem.native.decode_forward import decode_forward_kernel
-    from tandem.native.quant_linear import quant_linear_kernel
+    from tandem.model.native_decode import planned_rows
 
-    kernel = decode_forward_kernel()
-    sliced = sliced_activations(quant.activations, quant_linear_kernel())
-    return 0 if kernel is None else planned_stack_rows(types if quant.keep_quantized else None, kernel.max_rows,
-                                                       sliced)
+    return planned_rows(types if quant.keep_quantized else None, quant.activations)
 
 
 def step_token_budget(config: EngineConfig, max_model_len: int) -> int:

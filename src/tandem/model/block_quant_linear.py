@@ -110,7 +110,9 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
     isa = native.default_isa()
     compiled = kernel.compiled_isa if kernel is not None else None
     plan: dict[str, object] = {"isa": isa, "compiled": compiled, "activations": activations}
-    stack = _stack_rows(types, activations, kernel)
+    from tandem.model.native_decode import planned_rows  # (it imports this module)
+
+    stack = planned_rows(types, activations)
     for t in types:
         if kernel is None:
             plan[t] = {"any rows": "torch: gguf-py dequantization + float32 GEMM (no native kernels)"}
@@ -129,20 +131,9 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
         plan[t] = {f"1-{n} rows": f"native quant.h ({compiled}): {few}"}
         if stack:
             plan[t][f"1-{stack} rows, whole stack"] = f"native decode_forward ({compiled}) on the same kernel"
-        if t in INTERLEAVED_TYPES and activations != "float32" and kernel.vnni:
+        if t in INTERLEAVED_TYPES and sliced_activations(activations, kernel):
             plan[t][f">{n} rows"] = f"native quant.h in slices of {n} rows (the same kernel, VNNI)"
         else:
             plan[t][f">{n} rows"] = "native dequantized tiles of rows + torch float32 GEMM"
     return plan
 
-
-def _stack_rows(types: list[str], activations: str, kernel: _quant_linear.QuantLinearKernel | None) -> int:
-    """Up to how many rows the native decoder stack runs a step on weights of ``types`` (the engine's
-    ``native_decode_rows`` where the stack runs at all; 0 without its kernel)."""
-    from tandem.model.native_decode import planned_stack_rows
-    from tandem.native.decode_forward import decode_forward_kernel
-
-    stack = decode_forward_kernel()
-    if stack is None:
-        return 0
-    return planned_stack_rows(types, stack.max_rows, sliced_activations(activations, kernel))

@@ -25,6 +25,7 @@ from tandem.model.block_quant_linear import (
     QUANT_FEW_ROWS,
     QUANT_FEW_ROWS_INTERLEAVED,
     int8_rows,
+    sliced_activations,
 )
 from tandem.model.forward_batch import ForwardBatch, KVCache
 from tandem.model.layers import LayerContext
@@ -71,6 +72,17 @@ def planned_stack_rows(types: Sequence[str] | None, kernel_rows: int, sliced: bo
     if types is None:
         return min(kernel_rows, NATIVE_FEW_ROWS)
     return _block_rows(bool(types) and all(t in INTERLEAVED_TYPES for t in types), sliced, kernel_rows)
+
+
+def planned_rows(types: Sequence[str] | None, activations: str) -> int:
+    """:func:`planned_stack_rows` with this machine's kernels: the stack's own row limit, and whether the
+    interleaved products of ``activations`` run in slices (``sliced_activations``); 0 without the stack's
+    kernel. The one place the engine's plan (``native_decode_rows``) and ``tandem config``'s kernels table take
+    it from."""
+    kernel = decode_forward_kernel()
+    if kernel is None:
+        return 0
+    return planned_stack_rows(types, kernel.max_rows, sliced_activations(activations, quant_linear_kernel()))
 
 
 def _block_rows(interleaved: bool, sliced: bool, kernel_rows: int) -> int:
