@@ -355,24 +355,32 @@ def test_a_one_pass_drafter_pays_its_pass_once_and_explores_every_draft():
         assert set(pol.plan([(r, depth) for r in reqs]).values()) == {depth}  # all verified next step
 
 
+def _stepper(pol_args: tuple, now: list[float]):
+    """A policy on a fake clock, and ``step(n_reqs, drafts, seconds, prefill=0)``: a step of ``n_reqs`` requests
+    (``drafts`` each; ``prefill`` more requests in a prompt chunk) that took ``seconds``, observed."""
+    from types import SimpleNamespace
+
+    pol = AdaptivePolicy(*pol_args, clock=lambda: now[0])
+
+    def step(n_reqs: int, drafts: int, seconds: float, prefill: int = 0) -> None:
+        ids = [f"r{i}" for i in range(n_reqs)]
+        spec = {r: [1] * drafts for r in ids}
+        scheduled = {r: 1 + drafts for r in ids} | {f"p{i}": 16 for i in range(prefill)}
+        so = SimpleNamespace(scheduled_spec_decode_tokens=spec, sampling_req_ids=set(ids),
+                             num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+                             num_tree_rows=0, num_drafts_to_propose=drafts, draft_trees=False)
+        now[0] += seconds
+        pol.observe_step(so, busy=True)
+
+    return pol, step
+
+
 def test_each_batch_class_has_its_own_line():
     """A verify row at one stream rides the weight read; at 32 streams it is compute. The slope seen at 32
     streams must not price a lone stream's drafts: each class of batch sizes fits its own line from its steps."""
-    from types import SimpleNamespace
-
     now = [0.0]
-    pol = AdaptivePolicy(3, "suffix", clock=lambda: now[0])
+    pol, step = _stepper((3, "suffix"), now)
     pol.acceptance.by_class[0] = [0.6, 0.6, 0.6]
-
-    def step(n_reqs: int, drafts: int, seconds: float) -> None:
-        ids = [f"r{i}" for i in range(n_reqs)]
-        spec = {r: [1] * drafts for r in ids}
-        so = SimpleNamespace(scheduled_spec_decode_tokens=spec, sampling_req_ids=set(ids),
-                             num_scheduled_tokens={r: 1 + drafts for r in ids},
-                             total_num_scheduled_tokens=n_reqs * (1 + drafts), num_tree_rows=0,
-                             num_drafts_to_propose=drafts, draft_trees=False)
-        now[0] += seconds
-        pol.observe_step(so, busy=True)
 
     for i in range(200):  # 32 streams: 2 ms a row; one stream: 0.3 ms a row on a 5 ms step
         d = i % 4
@@ -414,3 +422,29 @@ def test_a_bet_within_the_estimates_error_is_not_taken():
     four = [(_Req(f"r{i}"), 1) for i in range(4)]
     assert sum(_policy(1, 5e-3, 1.2e-3).plan(four).values()) == 0
     assert sum(_policy(1, 5e-3, 1.0e-3).plan(four).values()) == 4
+
+
+def test_only_steady_steps_fit_the_line():
+    """A step just after requests came or went (a prompt chunk in the step before, or another number of
+    requests) carries the host's work for them: at four streams in a server, three requests are seen only at
+    those transitions, and their slow, irregular steps fitted a line that made drafts look cheap there. Such a
+    step is not fitted; the class borrows four streams' line and drafts nothing."""
+    now = [0.0]
+    pol, step = _stepper((3, "eagle3"), now)
+    for i in range(300):  # four streams, steady: 3 ms + 1 ms a row
+        d = i % 3
+        step(4, d, 3e-3 + 1e-3 * 4 * (1 + d))
+        if i % 20 == 19:  # a request finishes, one arrives: three decode once (slowly, with drafts), a prompt
+            step(3, i % 2, 8e-3 + 0.1e-3 * (i % 2))
+            step(3, 0, 6e-3, prefill=1)
+    four, three = pol.lines[batch_class(4)].cost, pol.lines[batch_class(3)].cost
+    assert four.per_row == pytest.approx(1e-3, rel=0.1) and four.fixed == pytest.approx(3e-3, rel=0.1)
+    assert three.steps == 0 and not three.fitted
+    pol._since_deep = -10_000
+    for line in pol.lines.values():
+        line.since_explore = -10_000
+    pol.acceptance.by_class[0] = [0.55, 0.55, 0.55]
+    assert set(pol.plan([(_Req(f"r{i}"), 3) for i in range(3)]).values()) == {0} and pol.propose_k == 0
+    step(3, 0, 5e-3)  # the second of two alike steps in a row is steady: it is fitted
+    step(3, 0, 5e-3)
+    assert pol.lines[batch_class(3)].cost.steps == 1

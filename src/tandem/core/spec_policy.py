@@ -16,9 +16,10 @@ second — from two estimates:
   running: the forward, sampling, drafting, the host's scheduling and output handling, whatever the
   executor — is ``fixed + per_row * n + per_pass * m`` for a decode step of ``n`` logits rows (one per request
   plus one per verified draft) that drafts ``m`` tokens ahead (``num_drafts_to_propose``: a draft head's
-  sequential passes), fitted over decode-only steps (prefill chunks excluded) by core/step_cost.py: the
-  slopes by least squares over a long memory of each step's difference from the steps just before it, the
-  level over the last ~30 steps; once fitted it stays fitted (the slopes stand while the steps are alike).
+  sequential passes), fitted over steady decode-only steps (no prompt chunk in it or in the step before, as
+  many requests as that one: ``observe_step``) by core/step_cost.py: the slopes by least squares over a long
+  memory of each step's difference from the steps just before it, the level over the last ~30 steps; once
+  fitted it stays fitted (the slopes stand while the steps are alike).
   ``per_pass`` is what drafting costs whatever the rows (a head pass over the batch, its LM head); it is what
   makes a step's first draft slots dear and the rest cheap. A drafter making every draft in one lookup
   (``ONE_PASS_METHODS``) counts one pass for a step that drafts at all: its cost, with the switch from plain
@@ -128,6 +129,7 @@ class AdaptivePolicy(FixedPolicy):
         self.fast_rows = fast_rows  # drafts keep a step within this many rows (0: no bound)
         self.max_passes = 1 if method in ONE_PASS_METHODS else k  # drafting passes of a step, at most
         self._last: float | None = None  # when the previous step came back, while requests kept running
+        self._last_decode_reqs = 0  # the previous step's requests where it was decode-only (else 0)
         prior = METHOD_PRIOR.get(method, 0.5)
         self.acceptance = Acceptance(k, prior)
         self.lines: defaultdict[int, BatchLine] = defaultdict(lambda: BatchLine(explore_every=EXPLORE_EVERY))
@@ -345,11 +347,18 @@ class AdaptivePolicy(FixedPolicy):
     def observe_step(self, so: SchedulerOutput, busy: bool) -> None:
         now = self.clock()
         spec, sampling = so.scheduled_spec_decode_tokens, so.sampling_req_ids
-        # Decode-only steps (every request: one token plus its drafts) fit the cost of a logits row.
-        if self._last is not None and all(n == 1 + len(spec.get(r, ())) and r in sampling
-                                          for r, n in so.num_scheduled_tokens.items()):
+        # Decode-only steps (every request: one token plus its drafts) fit the cost of a logits row — steady ones
+        # only: the step before was one too, of as many requests. A step just after requests came or went carries
+        # the host's work for them (a server's responses finished, prompts admitted), and a batch size seen only
+        # at those transitions (four streams ramping up and down) fitted a line of their noise — a level of 6-9
+        # ms and a row at a quarter of its cost at three requests, where four streams' line read 3.5 ms and 0.6 ms
+        # — which bought drafts at every transition (BENCHMARKS.md §19).
+        n_reqs = len(so.num_scheduled_tokens)
+        decode_only = all(n == 1 + len(spec.get(r, ())) and r in sampling for r, n in so.num_scheduled_tokens.items())
+        steady, self._last_decode_reqs = decode_only and self._last_decode_reqs == n_reqs, n_reqs if decode_only else 0
+        if self._last is not None and steady:
             rows, seconds = so.total_num_scheduled_tokens + so.num_tree_rows, now - self._last
-            cost = self.lines[batch_class(len(so.num_scheduled_tokens))].cost
+            cost = self.lines[batch_class(n_reqs)].cost
             passes = min(so.num_drafts_to_propose or 0, self.max_passes)
             if so.num_tree_rows or so.draft_trees:
                 if cost.fitted:
@@ -358,6 +367,8 @@ class AdaptivePolicy(FixedPolicy):
             else:
                 cost.observe(rows, seconds, passes)
         self._last = now if busy else None
+        if not busy:
+            self._last_decode_reqs = 0
 
     def shadow(self, step_id: int) -> set[str]:
         if not self._shadow_candidates or self.shadows is None:
