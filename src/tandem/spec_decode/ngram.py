@@ -4,7 +4,9 @@ context's longest suffix n-gram (n from ``prompt_lookup_max`` down to ``prompt_l
 Device-native: it searches the runner's device token history (``InputBatch.tokens``, which already
 holds the tokens just accepted) with batched tensor ops and returns a [B, k] draft tensor, so neither the
 engine nor the worker needs a host copy of the context. Contexts are right-aligned into a common window
-(``W`` = the longest host-known context, an upper bound) so every suffix ends in the last column.
+(``W`` = the longest host-known context, an upper bound) so every suffix ends in the last column. On the CPU
+the same search runs in one native call (``native/ngram_lookup.c``: ~30 tensor ops cost ~0.3 ms a step at four
+requests), these ops its reference and the path elsewhere.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 
 from tandem.config import SpeculativeConfig
+from tandem.native.ngram_lookup import ngram_lookup_kernel
 from tandem.spec_decode.proposer import ProposeInput, Proposer
 
 _PAD = -1
@@ -38,6 +41,11 @@ class NgramProposer(Proposer):
         # Upper bound on the context length, known on the host: the mirror lags at most one verify.
         width = max(st.num_tokens for st in inp.states) + inp.sampled.shape[1]
         width = min(width, inp.input_batch.width - 1)
+        batch = inp.input_batch
+        kernel = ngram_lookup_kernel() if batch.tokens.device.type == "cpu" else None
+        if kernel is not None:
+            return kernel(batch.tokens, batch.num_tokens, inp.slots, width, self.min_n, self.max_n, inp.max_drafts,
+                          self.k)
         lengths = inp.input_batch.num_tokens.index_select(0, inp.slots)
         rows = inp.input_batch.tokens.index_select(0, inp.slots)[:, :width]
         return propose_ngram(rows, lengths, self.min_n, self.max_n, inp.max_drafts, self.k)
