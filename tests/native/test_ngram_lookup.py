@@ -1,16 +1,19 @@
-"""N-gram prompt lookup in C (native/ngram_lookup.c) against the torch reference (propose_ngram): the same
-drafts for random histories with repeats, every n range, draft cap and window; and the kernel's own checks."""
+"""N-gram prompt lookup in C (native/ngram_lookup.c) against the torch reference (propose_ngram), built for every
+ISA variant this machine runs: the same drafts for random histories with repeats, every n range, draft cap and
+window; and the kernel's own checks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tandem.native.ngram_lookup import ngram_lookup_kernel
+from tandem import native
+from tandem.native.ngram_lookup import NgramLookupKernel, ngram_lookup_kernel
 from tandem.spec_decode.ngram import propose_ngram
 
 KERNEL = ngram_lookup_kernel()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="native kernels unavailable (no C compiler)")
+ISAS = native.runnable_isas()
 
 
 def _table(rows: int, width: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,16 +26,18 @@ def _table(rows: int, width: int, vocab: int, seed: int) -> tuple[torch.Tensor, 
     return tokens, lengths
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize(("min_n", "max_n", "k"), [(1, 1, 3), (1, 3, 3), (2, 4, 5), (3, 3, 1), (1, 5, 8)])
-def test_the_kernel_drafts_what_the_reference_drafts(seed, min_n, max_n, k):
+def test_the_kernel_drafts_what_the_reference_drafts(isa, seed, min_n, max_n, k):
+    kernel = NgramLookupKernel(native.load("ngram_lookup", isa))
     tokens, lengths = _table(12, 40, 3 + seed, seed)
     slots = torch.tensor([11, 0, 3, 7, 5, 2, 9])
     g = torch.Generator().manual_seed(100 + seed)
     max_drafts = torch.randint(0, k + 2, (len(slots),), generator=g)
     for width in (int(lengths[slots].max()), 39):  # the host's bound on the contexts, the table's
         ref = propose_ngram(tokens.index_select(0, slots)[:, :width], lengths[slots], min_n, max_n, max_drafts, k)
-        got = KERNEL(tokens, lengths, slots, width, min_n, max_n, max_drafts, k)
+        got = kernel(tokens, lengths, slots, width, min_n, max_n, max_drafts, k)
         assert torch.equal(got, ref), (width, got, ref)
 
 
