@@ -71,10 +71,7 @@ them would have accepted (the temperature class's estimate learns from it, not t
 an estimate from an earlier phase does not keep a later one from drafting.
 
 With draft trees (``speculative_config.tree``) the policy also chooses, per step, whether the drafts made in it
-are trees or chains: trees when their expected rate beats the chains' by ``MARGIN`` under the same cost fit (a
-tree verify is ``1 + max_nodes`` rows, plus what tree steps cost beyond the line — their drafting — as a moving
-average of their residuals, tree steps being kept out of the line's fit; its accepted tokens a moving average per
-temperature class, started at ``TREE_GAIN_PRIOR`` times the chain's prior). ``fixed`` always drafts trees.
+are trees or chains (core/tree_choice.py).
 
 A seeded sampled request is never varied (the random numbers it consumes depend on its k). Acceptance
 statistics count drafts actually verified, so ``acceptance_rate`` stays honest under any k.
@@ -92,6 +89,7 @@ from tandem.core.interface import SchedulerOutput
 from tandem.core.request import Request
 from tandem.core.shadow import Shadows
 from tandem.core.step_cost import MIN_FIT_STEPS, BatchLine, batch_class, fitted_below, line_cost
+from tandem.core.tree_choice import TreeChoice
 
 POLICIES = ("adaptive", "fixed")
 # Prior conditional acceptance per draft position, by method, before anything is measured.
@@ -104,9 +102,6 @@ EXPLORE_MAX = 512  # the exploration interval, doubled while explorations confir
 # Drafts' costs are counted at this factor: the fit does not see a row count that leaves a faster kernel path,
 # nor a draft head's catching up after steps without drafts; near-even bets lose.
 MARGIN = 1.15
-# Before a tree is verified: a tree's accepted tokens relative to the chain's (the shipped heads' measure on the
-# report split, BENCHMARKS.md §21: 1.24-1.31x).
-TREE_GAIN_PRIOR = 1.25
 # Drafts of a batch must beat no drafts' expected rate by this fraction (after MARGIN): closer bets lost at 4
 # streams; at one stream (verify rows riding the weight read) they were worth taking.
 MIN_GAIN = 0.05
@@ -115,11 +110,9 @@ SURE = 0.9  # a class with only smaller ones measured drafts what is worth this 
 # MARGIN) is a close call: explored every EXPLORE_CLOSE steps, never backed off (``plan``).
 CLOSE = 0.2
 EXPLORE_CLOSE = 16
-TREE_EXTRA_WEIGHT = 0.2  # EWMA weight of one tree step's cost beyond the fitted line
-TREE_WEIGHT = 0.03  # EWMA weight of one tree verify in its temperature class's accepted tokens (they are rare)
 
 
-class AdaptivePolicy(FixedPolicy):
+class AdaptivePolicy(TreeChoice, FixedPolicy):
     name = "adaptive"
 
     def __init__(self, k: int, method: str, clock: Callable[[], float] = time.perf_counter,
@@ -145,15 +138,7 @@ class AdaptivePolicy(FixedPolicy):
             self.shadows = Shadows(self.acceptance, k)
             self.shadow_depth = self.shadows.depth
         self._shadow_candidates: list[Request] = []
-        # Draft trees (``tree_nodes`` > 0): per temperature class, (accepted, verified depth) of a tree verify,
-        # as moving averages, started from the chain prior's expected tokens times TREE_GAIN_PRIOR.
-        self.tree_nodes = tree_nodes
-        chain = sum(prior ** (j + 1) for j in range(k))
-        self.tree_accepted = [[min(k, chain * TREE_GAIN_PRIOR), float(k)] for _ in TEMPERATURE_CLASSES]
-        self._since_tree = EXPLORE_EVERY - 8  # a first tree step soon after the line is fitted
-        # What a step that drafts or verifies trees costs beyond the fitted line for its rows (the trees' own
-        # drafting, their masks): a moving average of those steps' residuals. They stay out of the line's fit.
-        self.tree_extra = 0.0
+        self._init_trees(k, prior, tree_nodes, MARGIN, EXPLORE_EVERY)
 
     def _allocate(self, decode: list[tuple[Request, int]]) -> tuple[list[int], bool]:
         """Drafts per request (up to its limit) maximizing expected tokens per second: of the prefixes of the
@@ -295,38 +280,6 @@ class AdaptivePolicy(FixedPolicy):
             want = [self.k if s else w for s, w in zip(seeded, verify)]
         return {req.request_id: min(w, cap) for (req, cap), w in zip(decode, want)}
 
-    def _trees_pay(self, limits: list[tuple[Request, int]], want: list[int]) -> bool:
-        """Whether the next step verifies trees rather than the chains ``want`` chose (or no drafts, which
-        ``want`` then is): the expected tokens per second of each under the fitted cost (a tree's ``tree_nodes``
-        rows and its cost beyond them, its accepted tokens by temperature class). Until the line is fitted,
-        chains (tree steps stay out of its fit). Every ``EXPLORE_EVERY`` steps without trees (the first soon
-        after the fit) one with them, so their estimates never freeze — unless trees could not win even if
-        they accepted every level (their cost alone rules them out: no exploration step is spent on them)."""
-        cost = line_cost(self.lines, len(limits))
-        if not cost.fitted:
-            return False
-        self._since_tree += 1
-        n = len(limits)
-        chain_tokens, tree_tokens, best_tokens, tree_rows = float(n), float(n), float(n), n
-        for (req, limit), w in zip(limits, want):
-            alpha, g = self.acceptance.alpha(req), 1.0
-            for j in range(w):
-                g *= alpha[j]
-                chain_tokens += g
-            if limit:
-                acc, depth = self.tree_accepted[self.acceptance.kinds[req.request_id][0]]
-                tree_tokens += acc * min(1.0, limit / max(depth, 1e-9))
-                best_tokens += limit
-                tree_rows += self.tree_nodes
-        chain_rate = chain_tokens / cost.seconds(n + sum(want), min(max(want, default=0), self.max_passes))
-        tree_seconds = cost.seconds(tree_rows, self.max_passes) + self.tree_extra
-        if best_tokens / tree_seconds <= chain_rate or tree_rows - n > self._room(n):
-            return False
-        if tree_tokens / tree_seconds > MARGIN * chain_rate or self._since_tree >= EXPLORE_EVERY:
-            self._since_tree = 0
-            return True
-        return False
-
     def observe_drafts(
         self, req: Request, num_valid: int, num_accepted: int, tree: bool = False, num_slots: int | None = None
     ) -> None:
@@ -337,10 +290,8 @@ class AdaptivePolicy(FixedPolicy):
         empty = num_slots is not None and not tree and num_accepted == num_valid < min(num_slots, self.k)
         if num_valid <= 0 and not empty:
             return
-        if tree:  # a tree's acceptance is not a chain's per-position one: its own estimate
-            t = self.tree_accepted[self.acceptance.kind_of(req)[0]]
-            t[0] += TREE_WEIGHT * (num_accepted - t[0])
-            t[1] += TREE_WEIGHT * (num_valid - t[1])
+        if tree:
+            self._observe_tree_verify(req, num_valid, num_accepted)
             return
         self.acceptance.observe(req, num_valid + empty, num_accepted)
 
@@ -361,14 +312,10 @@ class AdaptivePolicy(FixedPolicy):
             cost = self.lines[batch_class(n_reqs)].cost
             passes = min(so.num_drafts_to_propose or 0, self.max_passes)
             if so.num_tree_rows or so.draft_trees:
-                if cost.fitted:
-                    residual = seconds - cost.seconds(rows, passes)
-                    self.tree_extra += TREE_EXTRA_WEIGHT * (residual - self.tree_extra)
+                self._observe_tree_step(cost, rows, passes, seconds)
             else:
                 cost.observe(rows, seconds, passes)
         self._last = now if busy else None
-        if not busy:
-            self._last_decode_reqs = 0
 
     def shadow(self, step_id: int) -> set[str]:
         if not self._shadow_candidates or self.shadows is None:
@@ -393,9 +340,7 @@ class AdaptivePolicy(FixedPolicy):
         if self.shadows is not None:
             out.update(self.shadows.as_dict())
         out["acceptance_by_temperature"] = {name: list(a) for name, a in zip(TEMPERATURE_CLASSES, self.acceptance.by_class)}
-        if self.tree_nodes:
-            out["tree_accepted_by_temperature"] = {name: t[0] for name, t in zip(TEMPERATURE_CLASSES, self.tree_accepted)}
-            out["tree_extra_s"] = self.tree_extra
+        out.update(self._tree_dict())
         return out
 
 

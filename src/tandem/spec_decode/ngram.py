@@ -40,14 +40,14 @@ class NgramProposer(Proposer):
     def propose(self, inp: ProposeInput) -> torch.Tensor:
         # Upper bound on the context length, known on the host: the mirror lags at most one verify.
         width = max(st.num_tokens for st in inp.states) + inp.sampled.shape[1]
-        width = min(width, inp.input_batch.width - 1)
         batch = inp.input_batch
+        width = min(width, batch.width - 1)
         kernel = ngram_lookup_kernel() if batch.tokens.device.type == "cpu" else None
         if kernel is not None:
             return kernel(batch.tokens, batch.num_tokens, inp.slots, width, self.min_n, self.max_n, inp.max_drafts,
                           self.k)
-        lengths = inp.input_batch.num_tokens.index_select(0, inp.slots)
-        rows = inp.input_batch.tokens.index_select(0, inp.slots)[:, :width]
+        lengths = batch.num_tokens.index_select(0, inp.slots)
+        rows = batch.tokens.index_select(0, inp.slots)[:, :width]
         return propose_ngram(rows, lengths, self.min_n, self.max_n, inp.max_drafts, self.k)
 
 
