@@ -111,8 +111,7 @@ def main() -> int:
     print(f"{len(data)} requests, {sum(len(d['out']) for d in data)} output tokens, k = {ns.k}")
     d, _ = ngram_drafter()
     rows = [(f"ngram (1-4), k = {ns.k}", replay(data, d, ns.k, ns.step_ms, ns.row_ms))]
-    if ns.k != 8:
-        d, _ = ngram_drafter()
+    if ns.k != 8:  # ngram's better k in the engine (BENCHMARKS.md §20); its drafter keeps no state
         rows.insert(0, ("ngram (1-4), k = 8", replay(data, d, 8, ns.step_ms, ns.row_ms)))
     for w in ns.own_weight:
         suffix.OWN_WEIGHT = w
