@@ -1,5 +1,5 @@
 """Tensor parallelism, the full token check: TP=2 against TP=1 on the default model for 16 HumanEval
-prompts, greedy, every arm (the CI test ``tests/distributed/test_tp_engine.py`` runs two of them).
+prompts, greedy, every arm (the CI test ``tests/distributed/test_tp_engine.py`` runs five of them).
 
 Reference: TP=1, ``uni``, sync, with top-2 logprobs. Each arm is compared prompt by prompt with the
 near-tie rule (``tests/helpers.py``): identical, or a first divergence where the reference's top-2
@@ -29,6 +29,8 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 DRAFT = {"method": "draft_model", "num_speculative_tokens": 3}  # the shipped 6-layer draft
 EAGLE = {"method": "eagle", "num_speculative_tokens": 3}  # the shipped head for the default model
 MTP = {"method": "mtp", "num_speculative_tokens": 3}
+EAGLE3 = {"method": "eagle3", "num_speculative_tokens": 3}  # the shipped head; issue 22's methods below
+SUFFIX = {"method": "suffix"}  # vLLM's default depth, 24
 ARMS: dict[str, dict[str, Any]] = {
     "mp-sync": {"executor_backend": "mp", "async_scheduling": False},
     "mp-async": {"executor_backend": "mp", "async_scheduling": True},
@@ -41,6 +43,11 @@ ARMS: dict[str, dict[str, Any]] = {
     "mp-async-draft": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": DRAFT},
     "mp-async-eagle": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": EAGLE},
     "mp-async-mtp": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": MTP},
+    # Issue 22's methods under the speculation policy (adaptive, the default), async off and on.
+    "mp-sync-eagle3": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": EAGLE3},
+    "mp-async-eagle3": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": EAGLE3},
+    "mp-sync-suffix": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": SUFFIX},
+    "mp-async-suffix": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": SUFFIX},
     "ray-async": {"executor_backend": "ray", "async_scheduling": True},
     "ray-async-ngram": {"executor_backend": "ray", "async_scheduling": True, "speculative_config": NGRAM},
 }
@@ -76,6 +83,9 @@ def run_arm(name: str, prompts: list[str], params: Any, reference: list[Any]) ->
             "failures": failures,
             "lockstep_steps_checked": llm.engine.core.executor.lockstep_steps_checked,
             "num_drafts": None if stats is None else stats["num_drafts"],
+            # The policy's choices: request-steps by drafts verified (0 .. k), and its name.
+            "policy": None if stats is None else stats["policy"]["policy"],
+            "verified_k": None if stats is None else stats["policy"]["verified_k"],
             "start_s": round(start, 1),
             "generate_s": round(gen, 1),
         }
@@ -117,7 +127,7 @@ def main() -> None:
         print(
             f"{name:18s} identical {res['identical']:2d}/{len(prompts)}  near-tie "
             f"{res['near_tie_divergences']}  failures {len(res['failures'])}  lockstep steps "
-            f"{res['lockstep_steps_checked']}  drafts {res['num_drafts']}  "
+            f"{res['lockstep_steps_checked']}  drafts {res['num_drafts']}  verified k {res['verified_k']}  "
             f"start {res['start_s']} s  generate {res['generate_s']} s",
             flush=True,
         )

@@ -1,9 +1,10 @@
 """Tensor parallelism end to end on the default model (9 query / 3 KV heads: an uneven 2 + 1 KV-group
 split): two gloo ranks in ``mp`` worker processes give TP=1's greedy tokens for 16 HumanEval prompts,
-async off (plain) and on (with n-gram speculation, and with the shipped EAGLE head), and the ranks stay
-in lockstep (every step's sampled tokens hashed on every rank and compared by the executor).
+async off (plain) and on (with n-gram speculation, the shipped EAGLE and EAGLE-3 heads, and suffix decoding —
+each under the speculation policy, adaptive by default), and the ranks stay in lockstep (every step's sampled
+tokens hashed on every rank and compared by the executor).
 
-Three arms keep CI short; the full matrix (async on/off x none/ngram, deferred reconciliation, a draft
+Five arms keep CI short; the full matrix (async on/off x none/ngram, deferred reconciliation, a draft
 model, EAGLE, MTP, and the ``ray`` executor) at 24 new tokens is ``benchmarks/check_tp_tokens.py``,
 whose last result is in BENCHMARKS.md."""
 
@@ -25,6 +26,13 @@ ARMS = {
         "async_scheduling": True,
         "speculative_config": {"method": "eagle", "num_speculative_tokens": 3},
     },
+    # Issue 22's learned and model-free methods: the EAGLE-3 head reads three layers' residual streams on every
+    # rank; suffix decoding's index is host-side, the same on both ranks.
+    "async-eagle3": {
+        "async_scheduling": True,
+        "speculative_config": {"method": "eagle3", "num_speculative_tokens": 3},
+    },
+    "async-suffix": {"async_scheduling": True, "speculative_config": {"method": "suffix"}},
 }
 
 
