@@ -40,7 +40,10 @@ ARMS: dict[str, dict[str, Any]] = {
         "executor_backend": "mp", "async_scheduling": True, "deferred_reconciliation": True,
         "speculative_config": NGRAM,
     },
+    "mp-sync-draft": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": DRAFT},
     "mp-async-draft": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": DRAFT},
+    "mp-sync-eagle": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": EAGLE},
+    "mp-sync-mtp": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": MTP},
     "mp-async-eagle": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": EAGLE},
     "mp-async-mtp": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": MTP},
     # Issue 22's methods under the speculation policy (adaptive, the default), async off and on.
