@@ -131,7 +131,7 @@ def engine_drafts(ns: argparse.Namespace, prompts: list[str], seqs: list[list[in
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=ns.max_tokens), use_tqdm=False)
         llm.shutdown()
         events = json.loads(trace.read_text())
-    for o, s, n in zip(outs, seqs, plens):  # speculation keeps greedy outputs: the same responses
+    for o, s in zip(outs, seqs):  # speculation keeps greedy outputs: the same responses
         assert list(o.prompt_token_ids) + list(o.outputs[0].token_ids) == s, "engine output differs from greedy"
     events = events["traceEvents"] if isinstance(events, dict) else events
     steps: dict[int, dict[str, int]] = {}
@@ -171,7 +171,7 @@ def compare_engine(ns: argparse.Namespace, prompts: list[str], seqs: list[list[i
             accepted += acc >= 1
             estimate += hits[q]
             differ += (acc >= 1) != hits[q]
-            uncovered += s[context] not in covered
+            uncovered += context < len(s) and s[context] not in covered
     every = [h for hits in first_hits for h in hits.values()]
     every_unc = [s[q + 2] not in covered for s, hits in zip(seqs, first_hits) for q in hits if q + 2 < len(s)]
     print(f"engine ({ns.method}, fixed k = {ns.k}, one stream): first draft accepted {accepted / n:.3f} of {n} "
