@@ -119,9 +119,10 @@ def main() -> None:
 
 
 def engine_drafts(ns: argparse.Namespace, prompts: list[str], seqs: list[list[int]],
-                  plens: list[int]) -> list[list[tuple[int, int]]]:
+                  plens: list[int]) -> tuple[list[list[tuple[int, int]]], float]:
     """Per prompt, the engine's verify steps as (context length at drafting, drafts accepted): the method's
-    head at a fixed ``--k``, one stream, synchronous, from the trace's scheduled tokens and committed counts."""
+    head at a fixed ``--k``, one stream, synchronous, from the trace's scheduled tokens and committed counts;
+    and the engine's mean acceptance length over the run."""
     spec = {"method": ns.method, "num_speculative_tokens": ns.k, "policy": "fixed"}
     if ns.head:
         spec["model"] = ns.head
@@ -129,6 +130,7 @@ def engine_drafts(ns: argparse.Namespace, prompts: list[str], seqs: list[list[in
         trace = Path(tmp) / "trace.json"
         llm = LLM(TARGET, max_num_seqs=1, async_scheduling=False, speculative_config=spec, trace_file=str(trace))
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=ns.max_tokens), use_tqdm=False)
+        length = float(llm.spec_decode_stats()["mean_acceptance_length"])  # type: ignore[arg-type]
         llm.shutdown()
         events = json.loads(trace.read_text())
     for o, s in zip(outs, seqs):  # speculation keeps greedy outputs: the same responses
@@ -154,13 +156,13 @@ def engine_drafts(ns: argparse.Namespace, prompts: list[str], seqs: list[list[in
         if drafts:
             per[-1].append((context, st.get("accepted", 0)))
         context += st.get("accepted", 0) + 1
-    return per
+    return per, length
 
 
 def compare_engine(ns: argparse.Namespace, prompts: list[str], seqs: list[list[int]], plens: list[int],
                    first_hits: list[dict[int, bool]], covered: set[int]) -> None:
     """The engine's first-draft acceptance against the estimate's, at its positions and at every position."""
-    per = engine_drafts(ns, prompts, seqs, plens)
+    per, length = engine_drafts(ns, prompts, seqs, plens)
     n = accepted = estimate = differ = uncovered = 0
     for s, hits, steps in zip(seqs, first_hits, per):
         for context, acc in steps:
@@ -174,7 +176,8 @@ def compare_engine(ns: argparse.Namespace, prompts: list[str], seqs: list[list[i
             uncovered += context < len(s) and s[context] not in covered
     every = [h for hits in first_hits for h in hits.values()]
     every_unc = [s[q + 2] not in covered for s, hits in zip(seqs, first_hits) for q in hits if q + 2 < len(s)]
-    print(f"engine ({ns.method}, fixed k = {ns.k}, one stream): first draft accepted {accepted / n:.3f} of {n} "
+    print(f"engine ({ns.method}, fixed k = {ns.k}, one stream): mean acceptance length {length:.3f}; "
+          f"first draft accepted {accepted / n:.3f} of {n} "
           f"steps; the estimate at those positions {estimate / n:.3f} ({differ} positions differ), at every "
           f"position {sum(every) / len(every):.3f} of {len(every)}; target token outside the draft vocabulary at "
           f"the engine's positions {uncovered / n:.3f}, at every position {sum(every_unc) / len(every_unc):.3f}")
