@@ -4,9 +4,9 @@ async off (plain) and on (with n-gram speculation, the shipped EAGLE and EAGLE-3
 each under the speculation policy, adaptive by default), and the ranks stay in lockstep (every step's sampled
 tokens hashed on every rank and compared by the executor).
 
-Five arms keep CI short; the full matrix (async on/off x none/ngram, deferred reconciliation, a draft
-model, EAGLE, MTP, and the ``ray`` executor) at 24 new tokens is ``benchmarks/check_tp_tokens.py``,
-whose last result is in BENCHMARKS.md."""
+Five arms keep CI short; the full matrix (async on/off x none / ngram / suffix / a draft model / EAGLE /
+EAGLE-3 / MTP under the speculation policy, deferred reconciliation, and the ``ray`` executor) is
+``benchmarks/check_tp_tokens.py``, whose last results are in BENCHMARKS.md."""
 
 from __future__ import annotations
 
