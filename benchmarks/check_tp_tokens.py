@@ -29,28 +29,22 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 DRAFT = {"method": "draft_model", "num_speculative_tokens": 3}  # the shipped 6-layer draft
 EAGLE = {"method": "eagle", "num_speculative_tokens": 3}  # the shipped head for the default model
 MTP = {"method": "mtp", "num_speculative_tokens": 3}
-EAGLE3 = {"method": "eagle3", "num_speculative_tokens": 3}  # the shipped head; issue 22's methods below
+EAGLE3 = {"method": "eagle3", "num_speculative_tokens": 3}  # the shipped head
 SUFFIX = {"method": "suffix"}  # vLLM's default depth, 24
+# Every method, async off and on, under the speculation policy (adaptive, the default): ``mp-sync-ngram`` ...
+SPECS = {"ngram": NGRAM, "draft": DRAFT, "eagle": EAGLE, "mtp": MTP, "eagle3": EAGLE3, "suffix": SUFFIX}
 ARMS: dict[str, dict[str, Any]] = {
     "mp-sync": {"executor_backend": "mp", "async_scheduling": False},
     "mp-async": {"executor_backend": "mp", "async_scheduling": True},
-    "mp-sync-ngram": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": NGRAM},
-    "mp-async-ngram": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": NGRAM},
+    **{
+        f"mp-{mode}-{name}": {"executor_backend": "mp", "async_scheduling": mode == "async", "speculative_config": spec}
+        for name, spec in SPECS.items()
+        for mode in ("sync", "async")
+    },
     "mp-deferred-ngram": {
         "executor_backend": "mp", "async_scheduling": True, "deferred_reconciliation": True,
         "speculative_config": NGRAM,
     },
-    "mp-sync-draft": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": DRAFT},
-    "mp-async-draft": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": DRAFT},
-    "mp-sync-eagle": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": EAGLE},
-    "mp-sync-mtp": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": MTP},
-    "mp-async-eagle": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": EAGLE},
-    "mp-async-mtp": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": MTP},
-    # Issue 22's methods under the speculation policy (adaptive, the default), async off and on.
-    "mp-sync-eagle3": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": EAGLE3},
-    "mp-async-eagle3": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": EAGLE3},
-    "mp-sync-suffix": {"executor_backend": "mp", "async_scheduling": False, "speculative_config": SUFFIX},
-    "mp-async-suffix": {"executor_backend": "mp", "async_scheduling": True, "speculative_config": SUFFIX},
     "ray-async": {"executor_backend": "ray", "async_scheduling": True},
     "ray-async-ngram": {"executor_backend": "ray", "async_scheduling": True, "speculative_config": NGRAM},
 }

@@ -97,8 +97,9 @@ def main() -> None:
                 chains += n
                 per_prompt.append(1 + sum(int(hist[j:].sum()) for j in range(1, ns.k + 1)) / max(n, 1))
                 pred, lab = steps[0].logits.argmax(-1)[0], batch.labels[0]
-                first_hits.append({q: int(lab[q]) >= 0 and int(pred[q]) == int(lab[q])
-                                   for q in range(plens[i] - 1, len(seqs[i]) - 1)})
+                if name == "humaneval" and ns.engine:
+                    first_hits.append({q: int(lab[q]) >= 0 and int(pred[q]) == int(lab[q])
+                                       for q in range(plens[i] - 1, len(seqs[i]) - 1)})
                 if name == "humaneval" and i < ns.show:
                     marks = []
                     for q in range(plens[i] - 1, len(seqs[i]) - 1):
