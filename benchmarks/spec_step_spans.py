@@ -1,6 +1,7 @@
 """Where a speculative step's time goes: the median duration of each traced span per step, per arm.
 
-Each arm (no-spec and each drafter, k = 3, greedy, single stream, async off) generates on a few HumanEval
+Each arm (no-spec and each drafter, k = 3, greedy unless ``--temperature``, single stream, async off unless
+``--async-scheduling``) generates on a few HumanEval
 prompts with ``trace_file`` set; the spans of the decode steps (prefill steps left out) are grouped by name
 and their per-step medians printed side by side, with the median step (``execute``) and the extra time per
 step over no-spec. This is the breakdown that says which part of a verify step costs what (the target's
@@ -10,6 +11,8 @@ forward, the proposer, the rejection sampler).
     python benchmarks/spec_step_spans.py --methods none eagle3 --k 2 --policy fixed   # every step drafts 2
     python benchmarks/spec_step_spans.py --methods eagle3 --k 2 --policy fixed --tree 2,2 --first 100 --prompts 6
         # each method also with a draft tree (top_k 2, 2 nodes): ``eagle3+tree``, HumanEval problems 100-105
+    python benchmarks/spec_step_spans.py --methods none ngram --temperature 1.0 --async-scheduling
+        # sampled (unseeded: a seeded sampled request always verifies every draft), async scheduling on
 """
 
 from __future__ import annotations
@@ -67,11 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     p.add_argument("--policy", default=None, choices=["adaptive", "fixed"],
                    help="speculative_config.policy (default: adaptive; fixed drafts k every step)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default greedy)")
+    p.add_argument("--async-scheduling", action="store_true", help="async scheduling on (default off)")
     p.add_argument("--json", default=None)
     ns = p.parse_args(argv)
     prompts = humaneval(ns.first + ns.prompts)[ns.first:]
     arms = [a for m in ns.methods for a in ([m, f"{m}+tree"] if ns.tree and m != "none" else [m])]
-    params = SamplingParams(temperature=0, max_tokens=ns.max_tokens)
+    params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for m in tqdm(arms, desc="arms"):
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             if spec is not None and m.endswith("+tree"):
                 top_k, max_nodes = (int(x) for x in ns.tree.split(","))
                 spec["tree"] = {"top_k": top_k, "max_nodes": max_nodes}
-            llm = LLM(max_num_seqs=1, async_scheduling=False, speculative_config=spec, max_model_len=2048,
+            llm = LLM(max_num_seqs=1, async_scheduling=ns.async_scheduling, speculative_config=spec, max_model_len=2048,
                       num_kv_blocks=160, trace_file=str(trace))
             llm.generate(prompts, params, use_tqdm=False)  # one call (the trace holds the last); one at a time
             stats = llm.spec_decode_stats() if spec else {}
