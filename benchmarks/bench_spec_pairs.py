@@ -20,6 +20,7 @@ the method's own spread.
         --temperatures 0 0.7 1.0 --pairs 4 --name spec_pairs_c1_c4
     python benchmarks/bench_spec_pairs.py --methods eagle3 --fixed-k 1 3 ...   # fixed-k arms as well
     python benchmarks/bench_spec_pairs.py --base HEAD~1 ...   # each adaptive arm also from a worktree of HEAD~1
+    python benchmarks/bench_spec_pairs.py --report A.json B.json --name grid   # several runs' pairs pooled
 
 Writes ``benchmarks/results/NAME.json`` (every run's ``bench serve`` result and its pair), ``NAME.md`` (the
 table) and ``NAME.png`` (each arm's ratio with its interval, per temperature).
@@ -134,14 +135,18 @@ def main() -> int:
     ap.add_argument("--server-flags", default="--max-num-seqs 64", help="extra `tandem serve` flags")
     ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--name", default="spec_pairs", help="output files NAME.json / .md / .png")
-    ap.add_argument("--report", metavar="JSON", help="write NAME.md / .png again from an earlier run's JSON")
+    ap.add_argument("--report", metavar="JSON", nargs="+", help="write NAME.md / .png again from earlier runs' "
+                    "JSON (several: their pairs pooled, every point of any of them)")
     ns = ap.parse_args()
     max_pairs = ns.max_pairs or 3 * ns.pairs
     out_dir = Path(ns.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if ns.report:
-        done = json.loads(Path(ns.report).read_text())
-        pairs, args = done["pairs"], argparse.Namespace(**done["meta"]["args"])
+        done = [json.loads(Path(f).read_text()) for f in ns.report]
+        pairs = [p for d in done for p in d["pairs"]]
+        args = argparse.Namespace(**done[0]["meta"]["args"])
+        args.concurrency = sorted({c for d in done for c in d["meta"]["args"]["concurrency"]})
+        args.temperatures = sorted({t for d in done for t in d["meta"]["args"]["temperatures"]})
         names = list(dict.fromkeys(p["arm"] for p in sorted(pairs, key=lambda p: p["arm"] != "nospec_b")))
         (out_dir / f"{ns.name}.md").write_text(report(pairs, names, args) + "\n")
         plot(pairs, names, args, out_dir / f"{ns.name}.png")
