@@ -1,11 +1,10 @@
 """Where a speculative step's time goes: the median duration of each traced span per step, per arm.
 
 Each arm (no-spec and each drafter, k = 3, greedy unless ``--temperature``, single stream, async off unless
-``--async-scheduling``) generates on a few HumanEval
-prompts with ``trace_file`` set; the spans of the decode steps (prefill steps left out) are grouped by name
-and their per-step medians printed side by side, with the median step (``execute``) and the extra time per
-step over no-spec. This is the breakdown that says which part of a verify step costs what (the target's
-forward, the proposer, the rejection sampler).
+``--async-scheduling``) generates on a few HumanEval prompts with ``trace_file`` set; the spans of the decode
+steps (prefill steps left out) are grouped by name and their per-step medians printed side by side, with the
+median step (``execute``) and the extra time per step over no-spec. This is the breakdown that says which part
+of a verify step costs what (the target's forward, the proposer, the rejection sampler).
 
     python benchmarks/spec_step_spans.py --json benchmarks/results/spec_step_spans.json
     python benchmarks/spec_step_spans.py --methods none eagle3 --k 2 --policy fixed   # every step drafts 2
