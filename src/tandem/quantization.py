@@ -20,14 +20,14 @@ format), the embedding and LM head kept float32. ``"none"`` dequantizes every we
 ``quant_activations``: what the products on the interleaved Q4_0 / Q4_1 / Q8_0 matrices of a ``"gguf"`` model
 quantize their float32 inputs to (native/quant_r16_i8.h); the model's activations are float32 throughout.
 
-| requested       | "gguf", the kernels have AVX-512 VNNI          | "gguf", no VNNI                 | "none"               |
-|-----------------|------------------------------------------------|---------------------------------|----------------------|
-| None / "auto"   | "int8x2" (``vnni``)                            | "float32" (``no_vnni``)         | "float32" (``not_gguf``) |
-| "float32" / "int8" / "int8x2" | as requested (``explicit``; without VNNI int8 runs the portable C path) | | ``ValueError`` unless "float32" |
+| requested       | "gguf", int8 dot products on SIMD: AVX-512 VNNI / AVX2 | "gguf", neither (portable C) | "none"          |
+|-----------------|--------------------------------------------------------|------------------------------|-----------------|
+| None / "auto"   | "int8x2" (``vnni`` / ``avx2``)                         | "float32" (``no_simd_int8``) | "float32" (``not_gguf``) |
+| "float32" / "int8" / "int8x2" | as requested (``explicit``; without SIMD int8 runs the portable C path) | | ``ValueError`` unless "float32" |
 
 ``"int8x2"`` (two int8 levels per 32-input block: the block quantized, then its residual) keeps the outputs
 at the float32 product's up to ~5e-6 relative and is the fastest exact-enough choice measured here
-(BENCHMARKS.md §13); ``"int8"`` is llama.cpp's one level (lossy: ~1.5e-3 relative), an option.
+(BENCHMARKS.md §13 with VNNI, §24 on AVX2); ``"int8"`` is llama.cpp's one level (lossy: ~1.5e-3 relative), an option.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ class QuantizationDecision:
         }  # fmt: skip
 
 
-def resolve_activations(decision: QuantizationDecision, requested: str | None, vnni: bool) -> QuantizationDecision:
-    """``decision`` with its activations resolved (the table above); ``vnni``: the compiled kernels have
-    AVX-512 VNNI (native.quant_linear)."""
+def resolve_activations(decision: QuantizationDecision, requested: str | None,
+                        int8_path: str | None) -> QuantizationDecision:
+    """``decision`` with its activations resolved (the table above); ``int8_path``: where the compiled kernels
+    run int8 activations (``QuantLinearKernel.int8_path``: "vnni", "avx2" or "portable"; None without kernels)."""
     if requested not in ACTIVATION_CHOICES:
         raise ValueError(f"quant_activations must be one of {ACTIVATION_CHOICES[1:]} or None, got {requested!r}")
     explicit = requested not in (None, "auto")
@@ -80,7 +81,7 @@ def resolve_activations(decision: QuantizationDecision, requested: str | None, v
     elif explicit:
         act, why = str(requested), "explicit"
     else:
-        act, why = ("int8x2", "vnni") if vnni else ("float32", "no_vnni")
+        act, why = ("int8x2", str(int8_path)) if int8_path in ("vnni", "avx2") else ("float32", "no_simd_int8")
     return replace(decision, activations_requested=requested, activations=act, activations_reason=why)
 
 

@@ -169,7 +169,8 @@ def test_native_stack_takes_steps_past_the_product_kernels_rows_in_slices(
     product in slices of rows through the few-row kernel (``int8_rows``), so the stack takes any step its
     kernel does (``max_rows``, 256), its products in the same slices: a 200-row step of decodes and verifies
     runs natively and matches the torch layers, K/V included, and the plan from the file's index says the
-    same. Without VNNI, or with float32 activations, the stack stops at the few-row kernels' 64 rows."""
+    same. Without VNNI (AVX2's int8 path included: block_quant_linear.int8_rows says why), or with float32
+    activations, the stack stops at the few-row kernels' 64 rows."""
     from tandem.model.block_quant_linear import QUANT_FEW_ROWS_INTERLEAVED
     from tandem.model.native_decode import planned_stack_rows
     from tandem.native.decode_forward import decode_forward_kernel
@@ -220,7 +221,7 @@ def test_resident_bytes_are_the_blocks(tiny_gguf: Path) -> None:
     assert {k: got[k] for k in ("requested", "resolved", "reason")} == {
         "requested": None, "resolved": "gguf", "reason": "quantized_gguf"
     }
-    assert got["activations"]["resolved"] == ("int8x2" if quant_linear_kernel().vnni else "float32")  # type: ignore[index,union-attr]
+    assert got["activations"]["resolved"] == ("int8x2" if quant_linear_kernel().int8_simd else "float32")  # type: ignore[index,union-attr]
     assert plan.weight_bytes == mq.weight_nbytes()
     kernels: Any = plan.kernels
     assert kernels["compiled"] == native.cpu_isa() and set(kernels) >= {"Q4_K", "Q8_0", "Q6_K", "Q5_1"}
@@ -277,13 +278,18 @@ def test_activation_decision_table() -> None:
     gguf = resolve_quantization(None, quantized_gguf=True, **kw)
     none = resolve_quantization("none", quantized_gguf=True, **kw)
     a = resolve_activations
-    assert (a(gguf, None, vnni=True).activations, a(gguf, None, vnni=True).activations_reason) == ("int8x2", "vnni")
-    assert (a(gguf, "auto", vnni=False).activations, a(gguf, "auto", vnni=False).activations_reason) == ("float32", "no_vnni")
-    assert (a(gguf, "int8", vnni=False).activations, a(gguf, "int8", vnni=False).activations_reason) == ("int8", "explicit")
-    assert a(none, None, vnni=True).activations == "float32" and a(none, None, vnni=True).activations_reason == "not_gguf"
-    assert a(none, "float32", vnni=True).activations_reason == "explicit"
+    def got(d, requested, path):  # type: ignore[no-untyped-def]
+        r = a(d, requested, path)
+        return r.activations, r.activations_reason
+
+    assert got(gguf, None, "vnni") == ("int8x2", "vnni") and got(gguf, None, "avx2") == ("int8x2", "avx2")
+    assert got(gguf, "auto", "portable") == ("float32", "no_simd_int8") == got(gguf, None, None)
+    assert got(gguf, "int8", "portable") == ("int8", "explicit")
+    assert got(gguf, "float32", "avx2") == ("float32", "explicit")
+    assert got(none, None, "vnni") == ("float32", "not_gguf")
+    assert got(none, "float32", "vnni") == ("float32", "explicit")
     with pytest.raises(ValueError, match="quant_activations 'int8x2' needs quantization 'gguf'"):
-        a(none, "int8x2", vnni=True)
+        a(none, "int8x2", "vnni")
     with pytest.raises(ValueError, match="quant_activations must be one of"):
         config_from_kwargs(quant_activations="int4")
 
@@ -309,17 +315,21 @@ def test_tandem_config_shows_the_default_models_quantization(capsys: pytest.Capt
 
     assert cli_main(["config", "--json"]) in (0, None)
     doc = json.loads(capsys.readouterr().out)
-    vnni = quant_linear_kernel().vnni  # type: ignore[union-attr]
+    kernel = quant_linear_kernel()
+    assert kernel is not None
+    simd = kernel.int8_simd
+    assert simd == (kernel.int8_path in ("vnni", "avx2")) and kernel.int8_path == (
+        "vnni" if kernel.vnni else ("avx2" if native.cpu_isa() in ("avx2", "avx512") else "portable"))
     assert doc["quantization"] == {
         "requested": None, "resolved": "gguf", "reason": "quantized_gguf",
-        "activations": {"requested": None, "resolved": "int8x2" if vnni else "float32",
-                        "reason": "vnni" if vnni else "no_vnni"},
+        "activations": {"requested": None, "resolved": "int8x2" if simd else "float32",
+                        "reason": kernel.int8_path if simd else "no_simd_int8"},
     }  # fmt: skip
     assert doc["kernels"]["activations"] == doc["quantization"]["activations"]["resolved"]
     assert 90e6 < doc["weight_bytes"] < 100e6  # the Q4_1 / Q8_0 blocks (the file is 98 MB), not 538 MB of fp32
     assert set(doc["kernels"]) >= {"isa", "compiled", "Q4_1", "Q8_0"}
     # the whole stack's rows in the kernels' table are the ones the engine plans (256 with VNNI, 64 without)
-    assert doc["native_decode_rows"] == (256 if vnni else 64)
+    assert doc["native_decode_rows"] == (256 if kernel.vnni else 64)
     assert f"1-{doc['native_decode_rows']} rows, whole stack" in doc["kernels"]["Q4_1"]
     assert cli_main(["config", "--json", "--quantization", "none"]) in (0, None)
     doc = json.loads(capsys.readouterr().out)
@@ -336,5 +346,5 @@ def test_isa_override_is_one_variable_shown_in_the_plan(monkeypatch: pytest.Monk
     plan = plan_engine(config_from_kwargs(), log=False).as_dict()
     assert plan["overrides"] == {"TANDEM_NATIVE_ISA": "portable"}
     assert plan["kernels"]["isa"] == "portable" and plan["kernels"]["compiled"] == "portable"  # type: ignore[index]
-    # the portable build has no VNNI: auto keeps float32 activations and says why
-    assert plan["quantization"]["activations"] == {"requested": None, "resolved": "float32", "reason": "no_vnni"}  # type: ignore[index]
+    # the portable build has no SIMD int8 path: auto keeps float32 activations and says why
+    assert plan["quantization"]["activations"] == {"requested": None, "resolved": "float32", "reason": "no_simd_int8"}  # type: ignore[index]

@@ -125,6 +125,48 @@ def test_int8x2_is_two_orders_closer_than_int8() -> None:
     assert kernel.vnni == ("avx512_vnni" in native._cpu_flags().split() and native.cpu_isa() == "avx512")
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_each_variant_says_where_int8_activations_run(isa: str) -> None:
+    kernel = quant_linear_kernel(isa)
+    assert kernel is not None
+    want = {"portable": "portable", "avx2": "avx2"}.get(kernel.compiled_isa, "vnni" if kernel.vnni else "portable")
+    assert kernel.int8_path == want and kernel.int8_simd == (want != "portable")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_int8_extreme_integers_do_not_saturate(isa: str, qtype: Q) -> None:
+    """The AVX2 path sums byte products in 16 bits (vpmaddubsw): the largest weights (Q4: nibble 15; Q8_0: -128
+    and 127, -128's magnitude 128 as an unsigned byte) against inputs that all quantize to +-127 give the
+    exact product, as every other path does."""
+    import numpy as np
+
+    from tandem.model.block_quant import BlockQuantWeight
+    from tests.quant_blocks import random_blocks
+
+    raw = random_blocks(qtype, 32, 256, np.random.default_rng(3))
+    block, nbytes = {Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q8_0: (32, 34)}[qtype]
+    blocks = raw.reshape(-1, nbytes)
+    head = 4 if qtype == Q.Q4_1 else 2
+    if qtype == Q.Q8_0:
+        blocks[0::2, head:] = 0x80  # -128 everywhere in even blocks, 127 in odd ones
+        blocks[1::2, head:] = 0x7F
+    else:
+        blocks[:, head:] = 0xFF  # every nibble 15
+    w = BlockQuantWeight.from_raw(raw, qtype, (32, 256), f"w.{qtype.name}")
+    kernel = quant_linear_kernel(isa)
+    assert kernel is not None
+    ref = w.dequantize()
+    x = torch.ones(4, 256)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    x[3] = torch.linspace(-1, 1, 256)
+    for act in ("int8", "int8x2"):
+        got = kernel(x, w.repacked().with_activations(act))
+        err = (got.double() - x.double() @ ref.double().T).abs()
+        assert bool((err <= _activation_bound(x, ref, 1 if act == "int8" else 2)).all()), (act, float(err.max()))
+
+
 @pytest.mark.parametrize("activations", ["float32", "int8x2"])
 def test_many_rows_run_in_slices_of_the_kernel_where_activations_are_int8(activations: str) -> None:
     """A prefill-sized product (more rows than the kernel takes at once): with int8 activations on VNNI it runs

@@ -257,13 +257,13 @@ def _plan_weights(
         device=m.device, tensor_parallel_size=config.parallel.tensor_parallel_size,
         unkernelled=unkernelled_types(gf) if gf is not None else (),
     )
-    vnni = False
+    int8_path = None
     if decision.keep_quantized:
         from tandem.native.quant_linear import quant_linear_kernel
 
         kernel = quant_linear_kernel()
-        vnni = kernel is not None and kernel.vnni
-    decision = resolve_activations(decision, m.quant_activations, vnni)
+        int8_path = kernel.int8_path if kernel is not None else None
+    decision = resolve_activations(decision, m.quant_activations, int8_path)
     if gf is None:
         return decision, None, None, None
     from tandem.worker.worker import DTYPES

@@ -78,7 +78,10 @@ def int8_rows(weight: BlockQuantWeight, kernel: _quant_linear.QuantLinearKernel)
     part is interleaved and multiplies int8 activations with VNNI (one or two levels). There the integer dot
     products take ~2x the multiply-adds of float32 FMAs an instruction, so a prefill chunk's products beat
     dequantized tiles + torch's float32 GEMM (BENCHMARKS.md §13), and every row has the bits it would have
-    alone (a prompt's rows equal the same tokens decoded one by one)."""
+    alone (a prompt's rows equal the same tokens decoded one by one). Not on AVX2's int8 path (vpmaddubsw: about
+    1.3x float32's few-row products, not 2x): a 1,024-token prefill ran 310-350 tokens/s in its slices against
+    490-510 through the tiles (BENCHMARKS.md §24), so there a prompt's products are float32 GEMMs as without
+    int8 activations."""
     return weight.all_interleaved and sliced_activations(weight.activations, kernel)
 
 
@@ -113,6 +116,7 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
     from tandem.model.native_decode import planned_rows  # (it imports this module)
 
     stack = planned_rows(types, activations)
+    how = {"vnni": "VNNI", "avx2": "AVX2 vpmaddubsw"}.get(kernel.int8_path if kernel else "", "portable C")
     for t in types:
         if kernel is None:
             plan[t] = {"any rows": "torch: gguf-py dequantization + float32 GEMM (no native kernels)"}
@@ -125,8 +129,7 @@ def block_quant_plan(types: list[str], activations: str = "float32") -> dict[str
         elif activations == "float32":
             few = "interleaved 16 rows at a time (block_repack), mask + convert + float32 FMA"
         else:
-            vnni = "VNNI" if kernel.vnni else "portable C"
-            few = f"interleaved 16 rows at a time (block_repack), {activations} activations, int8 dot products ({vnni})"
+            few = f"interleaved 16 rows at a time (block_repack), {activations} activations, int8 dot products ({how})"
         n = QUANT_FEW_ROWS_INTERLEAVED if t in INTERLEAVED_TYPES else QUANT_FEW_ROWS
         plan[t] = {f"1-{n} rows": f"native quant.h ({compiled}): {few}"}
         if stack:

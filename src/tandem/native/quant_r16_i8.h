@@ -14,8 +14,10 @@
  * acc += m * sum(x over the block) with the float32 sum.
  *
  * ISA: AVX-512 VNNI (vpdpbusd: 4 u8 x s8 products of all 16 lanes, one instruction) where the library is
- * built with it; otherwise scalar C with the same integers and the same float operations per block (the
- * engine only chooses int8 activations where VNNI is present: quantization.py).
+ * built with it; else AVX2 (vpmaddubsw + vpmaddwd, 8 lanes a register; below); otherwise scalar C with the same
+ * integers and the same float operations per block (the engine chooses int8 activations by default where one
+ * of the two SIMD paths is present: quantization.py). With hardware FMA every path gives the same bits (the
+ * portable build has none: its fmaf may round twice).
  */
 #ifndef TANDEM_QUANT_R16_I8_H
 #define TANDEM_QUANT_R16_I8_H
@@ -179,6 +181,116 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
     }
 }
 #define I8_VNNI 1
+#define I8_SIMD "vnni"
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* AVX2 without VNNI: vpmaddubsw multiplies 32 u8 x s8 byte pairs and adds neighbours into 16 bits, exactly while
+ * no sum passes 32767. Q4: a weight is 0..15 and an activation |q| <= 127, so a pair is <= 3810 and the block's
+ * eight dwords add up in 16 bits (<= 30480) before one vpmaddwd by 1 widens them: the integer sum S the VNNI
+ * path forms, with the same offset correction. Q8_0: the int8 weight's magnitude (|-128| = 128 as u8) times the
+ * activation carrying the weight's sign (vpsignb) — a pair <= 2 * 128 * 127 = 32512 — widened every dword:
+ * S = sum q_w q_x directly, which is what the VNNI path's biased sum less its correction is. The float operations
+ * per block are i8_finish's, so the bits equal the VNNI and portable paths'. 8 lanes a register: a group is two
+ * halves. */
+#define I8_ROWS 4
+static inline __m256i i8_bcast8(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) __m256 i8_finish8(int64_t base, __m256i t1, __m256i t2,
+                                                               const I8Block *xb, int levels, __m256 d, __m256 m,
+                                                               __m256 acc) {
+    if (base == GT_Q4_0) { /* Q8_0's sums need no correction here; Q4_1 has none */
+        t1 = _mm256_sub_epi32(t1, _mm256_set1_epi32(xb->corr[0]));
+        t2 = _mm256_sub_epi32(t2, _mm256_set1_epi32(xb->corr[1]));
+    }
+    __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t1), _mm256_set1_ps(xb->dx), _mm256_setzero_ps()); /* rounded once */
+    if (levels > 1) f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t2), _mm256_set1_ps(xb->dr), f);
+    acc = _mm256_fmadd_ps(d, f, acc);
+    if (base == GT_Q4_1) acc = _mm256_fmadd_ps(m, _mm256_set1_ps(xb->sum), acc);
+    return acc;
+}
+
+/* Lanes lo .. lo + 8 of one group times R rows of prepared blocks. */
+static inline __attribute__((always_inline)) void i8_lanes8(int64_t base, const uint8_t *g, int64_t nb, int64_t lo,
+                                                            const I8Block *xp, int R, int levels, float *y,
+                                                            int64_t ldy) {
+    int64_t bytes;
+    q_block(base, &bytes);
+    const int64_t hdr = r16_header(base), gb = R16 * bytes;
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 acc[I8_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + b * gb, *q = blk + hdr;
+        if (lo == 0) /* the first half's pass prefetches the group's stream (quant_r16.h says why) */
+            for (int64_t l = 0; l < gb; l += 64) _mm_prefetch((const char *)(blk + R16_PREFETCH + l), _MM_HINT_T0);
+        __m256i s[I8_ROWS][2];
+        for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int dw = 0; dw < 8; dw++) {
+            if (base == GT_Q8_0) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(q + 64 * dw + 4 * lo));
+                const __m256i aw = _mm256_abs_epi8(w);
+                for (int r = 0; r < R; r++) {
+                    const I8Block *xb = xp + r * nb + b;
+                    for (int l = 0; l < levels; l++) {
+                        const __m256i pr = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(i8_bcast8(xb->q[l] + 4 * dw), w));
+                        s[r][l] = _mm256_add_epi32(s[r][l], _mm256_madd_epi16(pr, ones));
+                    }
+                }
+            } else {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * (dw / 2) + 4 * lo));
+                const __m256i w = _mm256_and_si256(dw % 2 ? _mm256_srli_epi32(v, 4) : v, m4);
+                for (int r = 0; r < R; r++) {
+                    const I8Block *xb = xp + r * nb + b;
+                    for (int l = 0; l < levels; l++)
+                        s[r][l] = _mm256_add_epi16(s[r][l], _mm256_maddubs_epi16(w, i8_bcast8(xb->q[l] + 4 * dw)));
+                }
+            }
+        }
+        if (base != GT_Q8_0)
+            for (int r = 0; r < R; r++)
+                for (int l = 0; l < levels; l++) s[r][l] = _mm256_madd_epi16(s[r][l], ones);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 2 * lo)));
+        const __m256 m = base == GT_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 2 * lo))) : d;
+        for (int r = 0; r < R; r++)
+            acc[r] = i8_finish8(base, s[r][0], levels > 1 ? s[r][1] : s[r][0], xp + r * nb + b, levels, d, m, acc[r]);
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy, acc[r]);
+}
+
+#define I8_DEFINE(BASE, NAME)                                                                             \
+    static void i8_##NAME(const uint8_t *g, int64_t nb, int64_t lo, const I8Block *xp, int R, int levels,  \
+                          float *y, int64_t ldy) {                                                        \
+        if (levels > 1) {                                                                                 \
+            if (R == 1) i8_lanes8(BASE, g, nb, lo, xp, 1, 2, y, ldy);                                     \
+            else if (R == 2) i8_lanes8(BASE, g, nb, lo, xp, 2, 2, y, ldy);                                \
+            else if (R == 3) i8_lanes8(BASE, g, nb, lo, xp, 3, 2, y, ldy);                                \
+            else i8_lanes8(BASE, g, nb, lo, xp, 4, 2, y, ldy);                                            \
+        } else {                                                                                          \
+            if (R == 1) i8_lanes8(BASE, g, nb, lo, xp, 1, 1, y, ldy);                                     \
+            else if (R == 2) i8_lanes8(BASE, g, nb, lo, xp, 2, 1, y, ldy);                                \
+            else if (R == 3) i8_lanes8(BASE, g, nb, lo, xp, 3, 1, y, ldy);                                \
+            else i8_lanes8(BASE, g, nb, lo, xp, 4, 1, y, ldy);                                            \
+        }                                                                                                 \
+    }
+I8_DEFINE(GT_Q4_0, q4_0)
+I8_DEFINE(GT_Q4_1, q4_1)
+I8_DEFINE(GT_Q8_0, q8_0)
+
+static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *xp, int64_t rows, int levels,
+                     float *y, int64_t ldy) {
+    void (*const fn)(const uint8_t *, int64_t, int64_t, const I8Block *, int, int, float *, int64_t) =
+        base == GT_Q8_0 ? i8_q8_0 : (base == GT_Q4_1 ? i8_q4_1 : i8_q4_0);
+    for (int64_t r0 = 0; r0 < rows; r0 += I8_ROWS) {
+        const int n = (int)(rows - r0 < I8_ROWS ? rows - r0 : I8_ROWS);
+        for (int64_t lo = 0; lo < R16; lo += 8) fn(g, nb, lo, xp + r0 * nb, n, levels, y + r0 * ldy + lo, ldy);
+    }
+}
+#define I8_VNNI 0
+#define I8_SIMD "avx2"
 #else
 /* The weight integers of lane o, in the order of the prepared dwords: byte k multiplies q[.][k]. */
 static inline int i8_weight(int64_t base, const uint8_t *q, int o, int k) {
@@ -220,6 +332,7 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
         }
 }
 #define I8_VNNI 0
+#define I8_SIMD "portable"
 #endif
 
 /* One interleaved part with int8 activations (levels 1 or 2): y[r * ldy + o] from x (times gain[i] where set).
