@@ -16,8 +16,8 @@
  * ISA: AVX-512 VNNI (vpdpbusd: 4 u8 x s8 products of all 16 lanes, one instruction) where the library is
  * built with it; else AVX2 (vpmaddubsw + vpmaddwd, 8 lanes a register; below); otherwise scalar C with the same
  * integers and the same float operations per block (the engine chooses int8 activations by default where one
- * of the two SIMD paths is present: quantization.py). With hardware FMA every path gives the same bits (the
- * portable build has none: its fmaf may round twice).
+ * of the two SIMD paths is present: quantization.py). The AVX2 path's bits equal this scalar C's compiled with
+ * hardware FMA (checked on an AVX2 machine); the portable build has no FMA, and its fmaf may round twice.
  */
 #ifndef TANDEM_QUANT_R16_I8_H
 #define TANDEM_QUANT_R16_I8_H
