@@ -208,6 +208,19 @@ def test_gguf_reader_agrees_with_gguf_package(tmp_path: Path) -> None:
         assert np.array_equal(ours.raw(t.name), np.asarray(t.data).reshape(-1).view(np.uint8))
 
 
+def test_a_files_header_is_parsed_once_and_again_when_the_file_changes(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    write_gguf(path, "qwen3", tiny_model("qwen3", tie=True))
+    a, b = GGUFFile.open(path), GGUFFile.open(path)
+    assert a.metadata is b.metadata and a.tensors is b.tensors  # shared, and read-only
+    with pytest.raises(TypeError):
+        a.metadata["general.architecture"] = "x"  # type: ignore[index]
+    write_gguf(path, "llama", tiny_model("llama", tie=False))  # rewritten in place: another header
+    c = GGUFFile.open(path)
+    assert c.metadata is not a.metadata and c.require("general.architecture") == "llama"
+    assert a.require("general.architecture") == "qwen3"
+
+
 def test_unknown_quant_type_names_tensor_before_reading_weights(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     model = tiny_model("llama", tie=True)

@@ -9,7 +9,12 @@ A block is in exactly one of three states:
 Invariants (``check_invariants``):
 - a block is in the free queue iff its ref_cnt is 0;
 - every hashed block is in the cache index under its hash, and the index holds nothing else;
-- num_free_blocks == len(free queue).
+- num_free_blocks == len(free queue);
+- blocks never allocated are the ids from ``fresh`` on, all at the free queue's head in id order: the queue
+  starts as every id in order, frees append at its tail and allocation pops its head, so fresh blocks are
+  handed out in id order before any freed one, and nothing but ``allocate`` hands out a block. So the check
+  walks the ``fresh`` blocks ever allocated, not the whole pool (a tiny model's 1 GiB pool holds ~500,000
+  blocks, and the debug mode checks twice a step), and counts the rest through the free queue's length.
 
 Eviction order: the free queue is LRU — freed blocks go to the tail, allocation takes from the head and
 drops the block's hash at that moment. Requests free their blocks tail first, so a request's last blocks
@@ -68,6 +73,11 @@ class BlockPool:
         self._free = OrderedDict((i, None) for i in range(self.num_blocks))
         self._cached = {}
         self.stats = PrefixCacheStats()
+        self.fresh = 0  # blocks [0, fresh) have been allocated at least once; the others never
+
+    def allocated_ever(self) -> list[KVBlock]:
+        """The blocks ever allocated (every other block is free, unhashed, never referenced)."""
+        return self.blocks[: self.fresh]
 
     # -- queries -----------------------------------------------------------------------------------------
     @property
@@ -96,6 +106,8 @@ class BlockPool:
         out = []
         for _ in range(n):
             block_id, _ = self._free.popitem(last=False)
+            if block_id >= self.fresh:
+                self.fresh = block_id + 1
             block = self.blocks[block_id]
             if block.block_hash is not None:
                 self._evict(block)
@@ -148,8 +160,10 @@ class BlockPool:
 
     # -- invariants --------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        for block in self.blocks:
+        free_seen = 0
+        for block in self.allocated_ever():
             in_free = block.block_id in self._free
+            free_seen += in_free
             if (block.ref_cnt == 0) != in_free:
                 raise AssertionError(f"block {block.block_id}: ref_cnt {block.ref_cnt}, in free={in_free}")
             if block.ref_cnt < 0:
@@ -158,3 +172,11 @@ class BlockPool:
                 raise AssertionError(f"block {block.block_id}: hashed but not indexed")
         if any(b.block_hash != h for h, b in self._cached.items()):
             raise AssertionError("cache index holds a block under a stale hash")
+        # every never-allocated block is free: the queue holds the allocated free blocks and exactly as many others
+        if len(self._free) != free_seen + self.num_blocks - self.fresh:
+            raise AssertionError(f"free queue holds {len(self._free)} blocks, not {free_seen} allocated + "
+                                 f"{self.num_blocks - self.fresh} never allocated")
+        if self.fresh < self.num_blocks:
+            nxt = self.blocks[self.fresh]  # the next fresh block: still pristine, and the queue's head
+            if nxt.ref_cnt or nxt.block_hash is not None or next(iter(self._free)) != nxt.block_id:
+                raise AssertionError(f"block {nxt.block_id}: never allocated, but not pristine at the queue's head")

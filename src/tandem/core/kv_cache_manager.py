@@ -385,7 +385,9 @@ class KVCacheManager:
                 for b in group:
                     if b is not self._null:
                         refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        for block in self.pool.blocks:
+        if any(bid >= self.pool.fresh for bid in refs):
+            raise AssertionError("a request holds a block the pool never allocated")
+        for block in self.pool.allocated_ever():  # the others are unreferenced (BlockPool.check_invariants)
             if block.ref_cnt != refs.get(block.block_id, 0):
                 raise AssertionError(
                     f"block {block.block_id}: ref_cnt {block.ref_cnt} but held "
