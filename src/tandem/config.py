@@ -47,7 +47,7 @@ class ModelConfig:
     quant_activations: str | None = flag(
         None,
         "what gguf products quantize their inputs to: int8x2 (two int8 levels, ~5e-6 relative), int8 (one, "
-        "llama.cpp's, lossy) or float32; default auto (int8x2 with AVX-512 VNNI, else float32)",
+        "llama.cpp's, lossy) or float32; default auto (int8x2 with AVX-512 VNNI or AVX2, else float32)",
         choices=ACTIVATION_CHOICES[1:],
     )
     # vLLM's --chat-template

@@ -189,8 +189,8 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
  * path forms, with the same offset correction. Q8_0: the int8 weight's magnitude (|-128| = 128 as u8) times the
  * activation carrying the weight's sign (vpsignb) — a pair <= 2 * 128 * 127 = 32512 — widened every dword:
  * S = sum q_w q_x directly, which is what the VNNI path's biased sum less its correction is. The float operations
- * per block are i8_finish's, so the bits equal the VNNI and portable paths'. 8 lanes a register: a group is two
- * halves. */
+ * per block are i8_finish's (the bits equal the scalar C's built with hardware FMA). 8 lanes a register: a group
+ * is two halves. */
 #define I8_ROWS 4
 static inline __m256i i8_bcast8(const int8_t *p) {
     int32_t v;
