@@ -12,8 +12,6 @@
 int tandem_quant_linear_abi(void) { return TANDEM_QUANT_LINEAR_ABI; }
 int tandem_quant_linear_max_rows(void) { return QMAX_ROWS; }
 const char *tandem_quant_linear_isa(void) { return QUANT_ISA; }
-/* Whether int8 activations run on AVX-512 VNNI here (else quant_r16_i8.h's portable path). */
-int tandem_quant_linear_vnni(void) { return I8_VNNI; }
 /* Which path int8 activations run on here: "vnni" (AVX-512 VNNI), "avx2" (vpmaddubsw) or "portable" (scalar C). */
 const char *tandem_quant_linear_i8_simd(void) { return I8_SIMD; }
 

@@ -29,11 +29,11 @@ class QuantLinearKernel:
         self.max_rows = int(lib.tandem_quant_linear_max_rows())
         lib.tandem_quant_linear_isa.restype = ctypes.c_char_p
         self.compiled_isa = lib.tandem_quant_linear_isa().decode()  # avx512 / avx2 / portable
-        self.vnni = bool(lib.tandem_quant_linear_vnni())  # int8 activations on AVX-512 VNNI
         lib.tandem_quant_linear_i8_simd.restype = ctypes.c_char_p
         # where int8 activations run: "vnni" (AVX-512 VNNI), "avx2" (vpmaddubsw) or "portable" (scalar C)
         self.int8_path = lib.tandem_quant_linear_i8_simd().decode()
         self.int8_simd = self.int8_path != "portable"
+        self.vnni = self.int8_path == "vnni"
         self._supported = lib.tandem_quant_supported
         self._supported.argtypes = [_i64]
         self._fn = lib.tandem_quant_linear

@@ -180,7 +180,6 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
         fn(g, nb, xp + r0 * nb, n, levels, y + r0 * ldy, ldy);
     }
 }
-#define I8_VNNI 1
 #define I8_SIMD "vnni"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 /* AVX2 without VNNI: vpmaddubsw multiplies 32 u8 x s8 byte pairs and adds neighbours into 16 bits, exactly while
@@ -289,7 +288,6 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
         for (int64_t lo = 0; lo < R16; lo += 8) fn(g, nb, lo, xp + r0 * nb, n, levels, y + r0 * ldy + lo, ldy);
     }
 }
-#define I8_VNNI 0
 #define I8_SIMD "avx2"
 #else
 /* The weight integers of lane o, in the order of the prepared dwords: byte k multiplies q[.][k]. */
@@ -331,7 +329,6 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
             y[r * ldy + o] = acc;
         }
 }
-#define I8_VNNI 0
 #define I8_SIMD "portable"
 #endif
 
