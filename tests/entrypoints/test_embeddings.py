@@ -1,6 +1,6 @@
 """``/v1/embeddings`` through the official ``openai`` client, on a server started with ``--runner pooling`` (the
 default model, its GGUF blocks as served): vectors within cosine 0.9999 of transformers' normalized last-token
-hidden states (transformers loading the same file), base64 equal to floats, token-id inputs, and the routes a
+hidden states (transformers loading the same file's tensors, tests/hf_reference.py), base64 equal to floats, token-id inputs, and the routes a
 pooling server refuses."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.entrypoints.remote import RemoteServer, launch
+from tests.hf_reference import hf_model
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ def test_embeddings_match_transformers_pooled_hidden_states(server: RemoteServer
     assert [d.index for d in got.data] == [0, 1, 2] and got.usage.prompt_tokens > 0
     path = resolve_model(MODEL)
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = transformers.AutoModel.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    model = hf_model(path, "AutoModel", dtype=torch.float32)
     for text, item in zip(TEXTS, got.data):
         ids = tok(text, return_tensors="pt").input_ids
         with torch.no_grad():

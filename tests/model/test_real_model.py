@@ -1,4 +1,5 @@
-"""The real default model (SmolLM2-135M-Instruct, fp32) against transformers loading the same GGUF.
+"""The real default model (SmolLM2-135M-Instruct, fp32) against transformers loading the same GGUF
+(its tensors and model metadata; tests/hf_reference.py leaves out the vocabulary arrays the model does not read).
 
 Both sides get the same token ids (tandem's tokenizer, which the loader tests compare with transformers').
 tandem runs the 8 prompts as ONE paged batch per step (scattered blocks); transformers runs each prompt
@@ -17,6 +18,7 @@ import torch
 
 from tandem.model import CausalLM, KVCache
 from tandem.model.paged_batch import PagedRequest, build_forward_batch
+from tests.hf_reference import hf_model
 
 pytestmark = [
     pytest.mark.slow,
@@ -67,11 +69,8 @@ def prompts(checkpoint: Any) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def hf_greedy(checkpoint: Any, prompts: list[list[int]]) -> Greedy:
     """transformers, one prompt at a time with its own DynamicCache, argmax fed back."""
-    transformers = pytest.importorskip("transformers")
-    src = checkpoint.source
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(src.parent), gguf_file=src.name, dtype=torch.float32
-    ).eval()
+    pytest.importorskip("transformers")
+    model = hf_model(checkpoint.source, dtype=torch.float32)
     ids, logits = [], []
     with torch.inference_mode():
         for prompt in prompts:

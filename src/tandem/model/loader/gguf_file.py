@@ -14,6 +14,7 @@ A parsed header is kept per file (path, inode, size and modification time; the l
 an engine opens its model's file three times while it starts (tokenizer, arguments, weights), and the default
 model's 49,152 tokens and merges take ~0.35 s of Python to parse each time (Gemma 3's 262,144 more). The
 metadata is shared between those opens, read-only (a ``MappingProxyType``); each open maps the file anew.
+``GGUFFile.key`` names the file as that cache does.
 
 Strings are a u64 byte length followed by UTF-8 bytes; arrays are a u32 element type, a u64
 count, then the elements. ``dims`` lists the innermost (contiguous) axis first; tandem stores
@@ -115,6 +116,9 @@ class GGUFFile:
     metadata: Mapping[str, Any]
     tensors: Mapping[str, GGUFTensorInfo]  # in file order
     _buffer: mmap.mmap
+    # (resolved path, device, inode, size, mtime): which file, as the header cache knows it; other per-file caches
+    # (the tokenizer's backend, loader/tokenizer_gguf.py) key on it too
+    key: tuple[Any, ...]
 
     @classmethod
     def open(cls, path: str | Path) -> GGUFFile:
@@ -137,7 +141,7 @@ class GGUFFile:
                 while len(_headers) > _HEADER_CACHE:
                     _headers.popitem(last=False)
         version, metadata, tensors = hit
-        return cls(path, version, metadata, tensors, buf)
+        return cls(path, version, metadata, tensors, buf, key)
 
     @staticmethod
     def _parse(path: Path, buf: mmap.mmap) -> tuple[int, Mapping[str, Any], Mapping[str, GGUFTensorInfo]]:

@@ -21,13 +21,22 @@ transformers do), not for ``"gpt2"``. A file without ``tokenizer.chat_template``
 template of its architecture, if tandem has one (``chat_template.DEFAULT_CHAT_TEMPLATES``: Gemma 3).
 For the Gemma family, ``<end_of_turn>`` also ends generation (llama.cpp treats it as
 end-of-generation by its text; the files name only ``<eos>``).
+
+The built ``tokenizers.Tokenizer`` (the backend) is kept per file (``GGUFFile.key``; the last ``_BACKEND_CACHE``
+files) and shared by every ``Tokenizer`` built from that file in the process: an engine builds its tokenizer twice
+(the front end, and the worker's checkpoint), and Gemma 3's 262,144-token vocabulary takes ~2-3 s to build on a
+two-core machine (the default model's ~0.2 s). Sharing is safe because nothing changes a backend once built:
+``Tokenizer`` only reads it, and what an engine may change (its chat template) lives on the ``Tokenizer``, which
+is never shared. The backend encodes from several threads at once (``tokenizers`` takes ``&self``).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
@@ -38,6 +47,9 @@ from tandem.model.loader.tokenizer import SpecialTokens, Tokenizer, byte_alphabe
 from tandem.model.loader.tokenizer_spm import GEMMA_FAMILY, spm_backend
 
 _CONTROL, _USER_DEFINED = 3, 4
+_BACKEND_CACHE = 4  # files whose built backend is kept
+_backends: OrderedDict[tuple[Any, ...], tokenizers.Tokenizer] = OrderedDict()
+_backends_lock = threading.Lock()
 
 # Llama 3's split: case-insensitive contractions, letters with one leading non-letter, numbers in
 # groups of up to three digits, punctuation runs, newlines, and whitespace.
@@ -134,6 +146,21 @@ VOCABULARIES: Mapping[str, _Vocabulary] = MappingProxyType(
 )
 
 
+def _shared_backend(gf: GGUFFile, build: Callable[[GGUFFile], tokenizers.Tokenizer]) -> tokenizers.Tokenizer:
+    """The backend of ``gf``'s vocabulary, built once per file (see the module docstring)."""
+    with _backends_lock:
+        backend = _backends.get(gf.key)
+        if backend is not None:
+            _backends.move_to_end(gf.key)
+            return backend
+    backend = build(gf)  # outside the lock: two first builds of one file race harmlessly (equal backends)
+    with _backends_lock:
+        backend = _backends.setdefault(gf.key, backend)
+        while len(_backends) > _BACKEND_CACHE:
+            _backends.popitem(last=False)
+    return backend
+
+
 def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
     """tandem's ``Tokenizer`` for the vocabulary, special tokens and chat template of ``gf``."""
     model = gf.require("tokenizer.ggml.model")
@@ -143,7 +170,7 @@ def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
             f"{gf.path}: unsupported tokenizer.ggml.model {model!r}; tandem reads byte-level BPE "
             "('gpt2') and SentencePiece BPE ('llama') tokenizers from GGUF"
         )
-    backend = vocabulary.build(gf)
+    backend = _shared_backend(gf, vocabulary.build)
     architecture = str(gf.get("general.architecture", ""))
 
     def token_id(key: str) -> int | None:
