@@ -114,10 +114,11 @@ static inline __attribute__((always_inline)) __m512 i8_finish(int64_t base, __m5
     return acc;
 }
 
-/* One group (16 lanes) times R rows of prepared blocks. */
-static inline __attribute__((always_inline)) void i8_lanes(int64_t base, const uint8_t *g, int64_t nb,
-                                                           const I8Block *xp, int R, int levels, float *y,
-                                                           int64_t ldy) {
+/* One group (16 lanes: lo is always 0) times R rows of prepared blocks. */
+static inline __attribute__((always_inline)) void i8_lanes(int64_t base, const uint8_t *g, int64_t nb, int64_t lo,
+                                                           const I8Block *xp, float *y, int64_t ldy, int R,
+                                                           int levels) {
+    (void)lo;
     int64_t bytes;
     q_block(base, &bytes);
     const int64_t hdr = r16_header(base), gb = R16 * bytes;
@@ -152,34 +153,7 @@ static inline __attribute__((always_inline)) void i8_lanes(int64_t base, const u
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + r * ldy, acc[r]);
 }
 
-#define I8_DEFINE(BASE, NAME)                                                                             \
-    static void i8_##NAME(const uint8_t *g, int64_t nb, const I8Block *xp, int R, int levels, float *y,    \
-                          int64_t ldy) {                                                                  \
-        if (levels > 1) {                                                                                 \
-            if (R == 1) i8_lanes(BASE, g, nb, xp, 1, 2, y, ldy);                                          \
-            else if (R == 2) i8_lanes(BASE, g, nb, xp, 2, 2, y, ldy);                                     \
-            else if (R == 3) i8_lanes(BASE, g, nb, xp, 3, 2, y, ldy);                                     \
-            else i8_lanes(BASE, g, nb, xp, 4, 2, y, ldy);                                                 \
-        } else {                                                                                          \
-            if (R == 1) i8_lanes(BASE, g, nb, xp, 1, 1, y, ldy);                                          \
-            else if (R == 2) i8_lanes(BASE, g, nb, xp, 2, 1, y, ldy);                                     \
-            else if (R == 3) i8_lanes(BASE, g, nb, xp, 3, 1, y, ldy);                                     \
-            else i8_lanes(BASE, g, nb, xp, 4, 1, y, ldy);                                                 \
-        }                                                                                                 \
-    }
-I8_DEFINE(GT_Q4_0, q4_0)
-I8_DEFINE(GT_Q4_1, q4_1)
-I8_DEFINE(GT_Q8_0, q8_0)
-
-static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *xp, int64_t rows, int levels,
-                     float *y, int64_t ldy) {
-    void (*const fn)(const uint8_t *, int64_t, const I8Block *, int, int, float *, int64_t) =
-        base == GT_Q8_0 ? i8_q8_0 : (base == GT_Q4_1 ? i8_q4_1 : i8_q4_0);
-    for (int64_t r0 = 0; r0 < rows; r0 += I8_ROWS) {
-        const int n = (int)(rows - r0 < I8_ROWS ? rows - r0 : I8_ROWS);
-        fn(g, nb, xp + r0 * nb, n, levels, y + r0 * ldy, ldy);
-    }
-}
+#define I8_LANES 16 /* a register holds a group's 16 lanes */
 #define I8_SIMD "vnni"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 /* AVX2 without VNNI: vpmaddubsw multiplies 32 u8 x s8 byte pairs and adds neighbours into 16 bits, exactly while
@@ -212,9 +186,9 @@ static inline __attribute__((always_inline)) __m256 i8_finish8(int64_t base, __m
 }
 
 /* Lanes lo .. lo + 8 of one group times R rows of prepared blocks. */
-static inline __attribute__((always_inline)) void i8_lanes8(int64_t base, const uint8_t *g, int64_t nb, int64_t lo,
-                                                            const I8Block *xp, int R, int levels, float *y,
-                                                            int64_t ldy) {
+static inline __attribute__((always_inline)) void i8_lanes(int64_t base, const uint8_t *g, int64_t nb, int64_t lo,
+                                                           const I8Block *xp, float *y, int64_t ldy, int R,
+                                                           int levels) {
     int64_t bytes;
     q_block(base, &bytes);
     const int64_t hdr = r16_header(base), gb = R16 * bytes;
@@ -260,34 +234,7 @@ static inline __attribute__((always_inline)) void i8_lanes8(int64_t base, const 
     for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy, acc[r]);
 }
 
-#define I8_DEFINE(BASE, NAME)                                                                             \
-    static void i8_##NAME(const uint8_t *g, int64_t nb, int64_t lo, const I8Block *xp, int R, int levels,  \
-                          float *y, int64_t ldy) {                                                        \
-        if (levels > 1) {                                                                                 \
-            if (R == 1) i8_lanes8(BASE, g, nb, lo, xp, 1, 2, y, ldy);                                     \
-            else if (R == 2) i8_lanes8(BASE, g, nb, lo, xp, 2, 2, y, ldy);                                \
-            else if (R == 3) i8_lanes8(BASE, g, nb, lo, xp, 3, 2, y, ldy);                                \
-            else i8_lanes8(BASE, g, nb, lo, xp, 4, 2, y, ldy);                                            \
-        } else {                                                                                          \
-            if (R == 1) i8_lanes8(BASE, g, nb, lo, xp, 1, 1, y, ldy);                                     \
-            else if (R == 2) i8_lanes8(BASE, g, nb, lo, xp, 2, 1, y, ldy);                                \
-            else if (R == 3) i8_lanes8(BASE, g, nb, lo, xp, 3, 1, y, ldy);                                \
-            else i8_lanes8(BASE, g, nb, lo, xp, 4, 1, y, ldy);                                            \
-        }                                                                                                 \
-    }
-I8_DEFINE(GT_Q4_0, q4_0)
-I8_DEFINE(GT_Q4_1, q4_1)
-I8_DEFINE(GT_Q8_0, q8_0)
-
-static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *xp, int64_t rows, int levels,
-                     float *y, int64_t ldy) {
-    void (*const fn)(const uint8_t *, int64_t, int64_t, const I8Block *, int, int, float *, int64_t) =
-        base == GT_Q8_0 ? i8_q8_0 : (base == GT_Q4_1 ? i8_q4_1 : i8_q4_0);
-    for (int64_t r0 = 0; r0 < rows; r0 += I8_ROWS) {
-        const int n = (int)(rows - r0 < I8_ROWS ? rows - r0 : I8_ROWS);
-        for (int64_t lo = 0; lo < R16; lo += 8) fn(g, nb, lo, xp + r0 * nb, n, levels, y + r0 * ldy + lo, ldy);
-    }
-}
+#define I8_LANES 8 /* a register holds half a group: two passes */
 #define I8_SIMD "avx2"
 #else
 /* The weight integers of lane o, in the order of the prepared dwords: byte k multiplies q[.][k]. */
@@ -330,6 +277,39 @@ static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *
         }
 }
 #define I8_SIMD "portable"
+#endif
+
+#ifdef I8_LANES
+/* Both SIMD paths: i8_lanes specialised for each row count (1 .. I8_ROWS) and level count, per weight format,
+ * and a group's rows taken I8_ROWS at a time, its lanes I8_LANES at a time. */
+#define I8_DEFINE(BASE, NAME)                                                                             \
+    static void i8_##NAME(const uint8_t *g, int64_t nb, const I8Block *xp, int R, int levels, float *y,    \
+                          int64_t ldy, int64_t lo) {                                                      \
+        if (levels > 1) {                                                                                 \
+            if (R == 1) i8_lanes(BASE, g, nb, lo, xp, y, ldy, 1, 2);                                      \
+            else if (R == 2) i8_lanes(BASE, g, nb, lo, xp, y, ldy, 2, 2);                                 \
+            else if (R == 3) i8_lanes(BASE, g, nb, lo, xp, y, ldy, 3, 2);                                 \
+            else i8_lanes(BASE, g, nb, lo, xp, y, ldy, 4, 2);                                             \
+        } else {                                                                                          \
+            if (R == 1) i8_lanes(BASE, g, nb, lo, xp, y, ldy, 1, 1);                                      \
+            else if (R == 2) i8_lanes(BASE, g, nb, lo, xp, y, ldy, 2, 1);                                 \
+            else if (R == 3) i8_lanes(BASE, g, nb, lo, xp, y, ldy, 3, 1);                                 \
+            else i8_lanes(BASE, g, nb, lo, xp, y, ldy, 4, 1);                                             \
+        }                                                                                                 \
+    }
+I8_DEFINE(GT_Q4_0, q4_0)
+I8_DEFINE(GT_Q4_1, q4_1)
+I8_DEFINE(GT_Q8_0, q8_0)
+
+static void i8_group(int64_t base, const uint8_t *g, int64_t nb, const I8Block *xp, int64_t rows, int levels,
+                     float *y, int64_t ldy) {
+    void (*const fn)(const uint8_t *, int64_t, const I8Block *, int, int, float *, int64_t, int64_t) =
+        base == GT_Q8_0 ? i8_q8_0 : (base == GT_Q4_1 ? i8_q4_1 : i8_q4_0);
+    for (int64_t r0 = 0; r0 < rows; r0 += I8_ROWS) {
+        const int n = (int)(rows - r0 < I8_ROWS ? rows - r0 : I8_ROWS);
+        for (int64_t lo = 0; lo < R16; lo += I8_LANES) fn(g, nb, xp + r0 * nb, n, levels, y + r0 * ldy + lo, ldy, lo);
+    }
+}
 #endif
 
 /* One interleaved part with int8 activations (levels 1 or 2): y[r * ldy + o] from x (times gain[i] where set).
