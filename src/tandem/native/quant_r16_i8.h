@@ -90,8 +90,8 @@ static void i8_prepare(int64_t base, const float *x, const float *gain, int64_t 
     }
 }
 
+#define I8_ROWS 4 /* the SIMD paths take a group's rows this many at a time */
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define I8_ROWS 4
 static inline __m512i i8_bcast(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -164,7 +164,6 @@ static inline __attribute__((always_inline)) void i8_lanes(int64_t base, const u
  * S = sum q_w q_x directly, which is what the VNNI path's biased sum less its correction is. The float operations
  * per block are i8_finish's (the bits equal the scalar C's built with hardware FMA). 8 lanes a register: a group
  * is two halves. */
-#define I8_ROWS 4
 static inline __m256i i8_bcast8(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);

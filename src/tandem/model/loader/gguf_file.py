@@ -28,7 +28,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -42,8 +42,31 @@ from tandem.model.loader.quants import storage_nbytes
 _MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
 _HEADER_CACHE = 4  # files whose parsed header is kept
-_headers: OrderedDict[tuple[Any, ...], tuple[int, Mapping[str, Any], Mapping[str, GGUFTensorInfo]]] = OrderedDict()
-_headers_lock = threading.Lock()
+
+
+class PerFileCache:
+    """What was built from a file, for the last ``size`` files (keyed by ``GGUFFile.key``), thread-safe. A value is
+    built outside the lock: two first builds of one file race harmlessly, the first stored wins."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = build()
+        with self._lock:
+            value = self._items.setdefault(key, value)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+
+_headers = PerFileCache(_HEADER_CACHE)
 
 # value type -> (struct format, numpy dtype) for the fixed-size scalar types
 _SCALARS: dict[int, tuple[str, str]] = {
@@ -130,17 +153,7 @@ class GGUFFile:
             except ValueError as exc:  # empty file
                 raise ValueError(f"{path}: not a GGUF file (empty)") from exc
         key = (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        with _headers_lock:
-            hit = _headers.get(key)
-            if hit is not None:
-                _headers.move_to_end(key)
-        if hit is None:
-            hit = cls._parse(path, buf)
-            with _headers_lock:
-                _headers[key] = hit
-                while len(_headers) > _HEADER_CACHE:
-                    _headers.popitem(last=False)
-        version, metadata, tensors = hit
+        version, metadata, tensors = _headers.get(key, lambda: cls._parse(path, buf))
         return cls(path, version, metadata, tensors, buf, key)
 
     @staticmethod

@@ -32,24 +32,21 @@ is never shared. The backend encodes from several threads at once (``tokenizers`
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
 from tandem.model.loader.chat_template import DEFAULT_CHAT_TEMPLATES, ChatTemplate
-from tandem.model.loader.gguf_file import GGUFFile
+from tandem.model.loader.gguf_file import GGUFFile, PerFileCache
 from tandem.model.loader.tokenizer import SpecialTokens, Tokenizer, byte_alphabet
 from tandem.model.loader.tokenizer_spm import GEMMA_FAMILY, spm_backend
 
 _CONTROL, _USER_DEFINED = 3, 4
 _BACKEND_CACHE = 4  # files whose built backend is kept
-_backends: OrderedDict[tuple[Any, ...], tokenizers.Tokenizer] = OrderedDict()
-_backends_lock = threading.Lock()
+_backends = PerFileCache(_BACKEND_CACHE)
 
 # Llama 3's split: case-insensitive contractions, letters with one leading non-letter, numbers in
 # groups of up to three digits, punctuation runs, newlines, and whitespace.
@@ -146,21 +143,6 @@ VOCABULARIES: Mapping[str, _Vocabulary] = MappingProxyType(
 )
 
 
-def _shared_backend(gf: GGUFFile, build: Callable[[GGUFFile], tokenizers.Tokenizer]) -> tokenizers.Tokenizer:
-    """The backend of ``gf``'s vocabulary, built once per file (see the module docstring)."""
-    with _backends_lock:
-        backend = _backends.get(gf.key)
-        if backend is not None:
-            _backends.move_to_end(gf.key)
-            return backend
-    backend = build(gf)  # outside the lock: two first builds of one file race harmlessly (equal backends)
-    with _backends_lock:
-        backend = _backends.setdefault(gf.key, backend)
-        while len(_backends) > _BACKEND_CACHE:
-            _backends.popitem(last=False)
-    return backend
-
-
 def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
     """tandem's ``Tokenizer`` for the vocabulary, special tokens and chat template of ``gf``."""
     model = gf.require("tokenizer.ggml.model")
@@ -170,7 +152,7 @@ def gguf_tokenizer(gf: GGUFFile) -> Tokenizer:
             f"{gf.path}: unsupported tokenizer.ggml.model {model!r}; tandem reads byte-level BPE "
             "('gpt2') and SentencePiece BPE ('llama') tokenizers from GGUF"
         )
-    backend = _shared_backend(gf, vocabulary.build)
+    backend: tokenizers.Tokenizer = _backends.get(gf.key, lambda: vocabulary.build(gf))  # see the module docstring
     architecture = str(gf.get("general.architecture", ""))
 
     def token_id(key: str) -> int | None:
