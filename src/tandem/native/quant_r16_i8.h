@@ -166,7 +166,7 @@ static inline __attribute__((always_inline)) void i8_lanes(int64_t base, const u
  * is two halves. */
 /* Each product added to its row's sum as soon as it is made: without this GCC forms all of a block's products first
  * and adds them as a tree, holding them on the stack (four rows, two levels: 64 products per half-block, sixteen
- * ymm registers), which ran the AVX2 products at a quarter of what the same instructions reach in order. */
+ * ymm registers): the products ran 1.2-1.45x slower so (BENCHMARKS.md §24). The sums are exact in any order. */
 #define I8_KEEP(v) __asm__("" : "+x"(v))
 static inline __m256i i8_bcast8(const int8_t *p) {
     int32_t v;
