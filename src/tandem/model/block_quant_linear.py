@@ -78,10 +78,11 @@ def int8_rows(weight: BlockQuantWeight, kernel: _quant_linear.QuantLinearKernel)
     part is interleaved and multiplies int8 activations with VNNI (one or two levels). There the integer dot
     products take ~2x the multiply-adds of float32 FMAs an instruction, so a prefill chunk's products beat
     dequantized tiles + torch's float32 GEMM (BENCHMARKS.md §13), and every row has the bits it would have
-    alone (a prompt's rows equal the same tokens decoded one by one). Not on AVX2's int8 path (vpmaddubsw: about
-    1.3x float32's few-row products, not 2x): a 1,024-token prefill ran 310-350 tokens/s in its slices against
-    490-510 through the tiles (BENCHMARKS.md §24), so there a prompt's products are float32 GEMMs as without
-    int8 activations."""
+    alone (a prompt's rows equal the same tokens decoded one by one). Not on AVX2's int8 path (vpmaddubsw:
+    1.4-1.9x float32's few-row products, not 2x): 1,024 rows' products in its slices only match the tiles
+    (46.7 against 47.9 ms over three of the model's shapes; before its sums were kept in registers a whole
+    1,024-token prefill ran 310-350 tokens/s in slices against 490-510: BENCHMARKS.md §24), so there a prompt's
+    products are float32 GEMMs as without int8 activations."""
     return weight.all_interleaved and sliced_activations(weight.activations, kernel)
 
 
