@@ -12,18 +12,31 @@ The config and every weight transformers builds from the copy equal those it bui
 (tests/test_hf_reference.py checks both on the default model).
 
 The copy is parsed here with ``struct`` alone, independently of tandem's GGUF reader, so the reference does not
-lean on the code it checks. Tokenizer references keep loading the original file.
+lean on the code it checks. Tokenizer references keep loading the original file (``hf_tokenizer``).
+
+Two more costs are gguf-py's, removed without changing what it returns (``_faster_gguf``, around every load here):
+- transformers maps tensor names by calling ``gguf.get_tensor_name_map(arch, layers)`` once per module of the
+  model (~400 calls for SmolLM2), and each call builds the whole name table anew: ~12.5 of the ~20 s a SmolLM2
+  load took on the Zen 3 kind. The table depends on its two arguments only and transformers only reads it, so
+  the calls are memoized.
+- ``GGUFReader`` slices its file as a ``numpy.memmap``, whose Python-level ``__getitem__`` and
+  ``__array_finalize__`` run for every part of every metadata string: 22 s to read Gemma 3's file there. The
+  reader here slices a plain ``ndarray`` view of the same mapping (the same bytes, fields and tensors): 7.6 s.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import shutil
 import struct
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 # GGUF value types: fixed sizes, then string (8) and array (9); uint32 is 4.
 _FIXED_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -111,10 +124,50 @@ def without_vocabulary(src: Path) -> Path:
         return _copies[src]
 
 
+_name_maps: dict[tuple[Any, int], Any] = {}
+
+
+@contextlib.contextmanager
+def _faster_gguf() -> Iterator[None]:
+    """gguf-py's reader on a plain array view and its tensor-name tables memoized, while transformers loads."""
+    import gguf
+
+    original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    class PlainReader(original_reader):  # type: ignore[misc, valid-type]
+        def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
+            if type(self.data) is not np.ndarray:
+                self.data = self.data.view(np.ndarray)  # the same mapping, sliced without memmap's hooks
+            return super()._get(offset, dtype, count, override_order)
+
+    def name_map(arch: Any, n_blocks: int) -> Any:
+        key = (arch, n_blocks)
+        if key not in _name_maps:
+            _name_maps[key] = original_map(arch, n_blocks)
+        return _name_maps[key]
+
+    with _lock:
+        gguf.GGUFReader, gguf.get_tensor_name_map = PlainReader, name_map
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = original_reader, original_map
+
+
 def hf_model(src: Path, cls_name: str = "AutoModelForCausalLM", **kwargs: Any) -> Any:
     """transformers' model (``transformers.<cls_name>``) from the GGUF file ``src``, in eval mode."""
     import transformers
 
     copy = without_vocabulary(src)
     cls = getattr(transformers, cls_name)
-    return cls.from_pretrained(str(copy.parent), gguf_file=copy.name, **kwargs).eval()
+    with _faster_gguf():
+        return cls.from_pretrained(str(copy.parent), gguf_file=copy.name, **kwargs).eval()
+
+
+def hf_tokenizer(src: Path) -> Any:
+    """transformers' tokenizer from the GGUF file ``src`` (the whole file: the vocabulary is what it needs)."""
+    import transformers
+
+    src = Path(src)
+    with _faster_gguf():
+        return transformers.AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.entrypoints.remote import RemoteServer, launch
-from tests.hf_reference import hf_model
+from tests.hf_reference import hf_model, hf_tokenizer
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -29,14 +29,14 @@ def server() -> Iterator[RemoteServer]:
 
 
 def test_embeddings_match_transformers_pooled_hidden_states(server: RemoteServer) -> None:
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from tandem.model.loader.registry import resolve_model
 
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     got = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
     assert [d.index for d in got.data] == [0, 1, 2] and got.usage.prompt_tokens > 0
     path = resolve_model(MODEL)
-    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok = hf_tokenizer(path)
     model = hf_model(path, "AutoModel", dtype=torch.float32)
     for text, item in zip(TEXTS, got.data):
         ids = tok(text, return_tensors="pt").input_ids

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tandem.model.loader import Tokenizer, load_tokenizer, resolve_model
+from tests.hf_reference import hf_tokenizer
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -54,7 +55,7 @@ def tok() -> Tokenizer:
 @pytest.fixture(scope="module")
 def ref() -> Any:
     path = resolve_model("smollm2-135m-instruct")
-    return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return hf_tokenizer(path)
 
 
 @pytest.fixture(scope="module")

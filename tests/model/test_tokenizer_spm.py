@@ -26,6 +26,7 @@ from tandem.model.loader.chat_template import GEMMA_CHAT_TEMPLATE, ChatTemplate
 from tandem.model.loader.gguf_file import GGUFFile
 from tandem.model.loader.tokenizer_gguf import gguf_tokenizer
 from tandem.model.loader.tokenizer_spm import spm_backend, spm_merges
+from tests.hf_reference import hf_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -187,9 +188,7 @@ def tok(gemma_path: Path) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def ref(gemma_path: Path) -> Any:
-    return transformers.AutoTokenizer.from_pretrained(
-        str(gemma_path.parent), gguf_file=gemma_path.name
-    )
+    return hf_tokenizer(gemma_path)
 
 
 def _first_differences(ours: list[Any], theirs: list[Any], inputs: list[Any]) -> list[str]:
@@ -441,7 +440,7 @@ def test_synthetic_vocabulary_matches_transformers(tmp_path: Path, arch: str) ->
     prefix = None if arch == "llama" else False
     path = write_spm_gguf(tmp_path / "t.gguf", arch, add_space_prefix=prefix)
     tok = load_tokenizer(path)
-    ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    ref = hf_tokenizer(path)
     for text in SYNTH_TEXTS:
         for add_special_tokens in (True, False):
             ids = tok.encode(text, add_special_tokens=add_special_tokens)
@@ -460,7 +459,7 @@ def test_add_space_prefix_false_is_honoured_outside_gemma(tmp_path: Path) -> Non
     ids = tok.encode("hi abc", add_special_tokens=False)
     assert tok.convert_ids_to_tokens(ids) == ["hi", "▁abc"]
     assert tok.decode(tok.encode(" hi abc")) == " hi abc"
-    ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    ref = hf_tokenizer(path)
     ids = ref.encode("hi abc", add_special_tokens=False)
     assert ref.convert_ids_to_tokens(ids) == ["▁hi", "▁abc"]
 
