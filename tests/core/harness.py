@@ -40,6 +40,7 @@ def make_engine(
     enable_chunked_prefill: bool = True,
     spec_policy: str = "fixed",
     step_cost: tuple[float, float, float] = (1e-3, 1e-4, 1e-5),
+    spec_method: str = "ngram",
 ) -> tuple[EngineCore, FakeRunner]:
     runner = FakeRunner(
         model or FakeModel(),
@@ -59,7 +60,7 @@ def make_engine(
         enable_prefix_caching=prefix_caching,
         num_speculative_tokens=k,
         enable_chunked_prefill=enable_chunked_prefill,
-        spec_policy=make_policy(spec_policy, k, "ngram", clock=runner.clock) if k else None,
+        spec_policy=make_policy(spec_policy, k, spec_method, clock=runner.clock) if k else None,
     )
     core = EngineCore(sched, FakeExecutor(runner), async_scheduling=async_scheduling,
                       debug_invariants=True)

@@ -73,6 +73,7 @@ class _Req:
         self.request_id = rid
         self.sampling_params = type("P", (), {"temperature": temperature, "seed": seed})()
         self._remaining = remaining
+        self.drafter_gap = False
 
     def remaining_tokens(self) -> int:
         return self._remaining
@@ -107,6 +108,36 @@ def test_a_seeded_sampled_request_is_never_varied():
     decode += [(_Req("seeded", temperature=0.8, seed=7), 2), (_Req("seeded-greedy", seed=7), 3)]
     k = pol.plan(decode)
     assert k["seeded"] == 2 and k["seeded-greedy"] == 0 and k["r0"] == 0 and pol.propose_k == 3
+
+
+def test_a_draft_head_skips_prompts_only_while_settled_on_no_drafts():
+    """A head's pass over prompt chunks is skipped while the fitted policy chooses no drafts (not for a model-free
+    drafter, which has no such pass; not on a close call, which is explored); a request whose prompt it skipped
+    is never drafted, unless seeded (never varied)."""
+    decode = [(_Req(f"r{i}"), 3) for i in range(32)]
+    pol = _policy(3, 1e-3, 1e-3)  # compute-bound
+    pol.plan(decode)
+    assert pol.propose_k == 0 and not pol.drafter_prefill
+    ngram = _policy(3, 1e-3, 1e-3)
+    ngram.head = False
+    ngram.plan(decode)
+    assert ngram.propose_k == 0 and ngram.drafter_prefill
+    assert AdaptivePolicy(3, "eagle3").drafter_prefill  # before any plan
+    unfitted = AdaptivePolicy(3, "eagle3")
+    unfitted.plan(decode)
+    assert unfitted.drafter_prefill  # nothing measured: every draft
+    cheap = _policy(3, 10e-3, 0.1e-3)  # latency-bound: drafts pay
+    gapped, seeded = _Req("gap"), _Req("seeded", temperature=0.8, seed=7)
+    gapped.drafter_gap = seeded.drafter_gap = True
+    k = cheap.plan([(_Req("a"), 3), (gapped, 3), (seeded, 3)])
+    assert k == {"a": 3, "gap": 0, "seeded": 3} and cheap.drafter_prefill
+    # A close call not to draft (a first draft nearly paying): the head keeps its prompts.
+    close = _policy(3, 4e-3, 0.5e-3, 0.9e-3)
+    close.acceptance.by_class[0] = [0.3, 0.1, 0.1]
+    one = [(_Req("x"), 3)]
+    close.acceptance.kind_of(one[0][0])
+    assert close._allocate(one) == ([0], True)
+    assert close.plan(one) == {"x": 0} and close.drafter_prefill
 
 
 def _tree_policy(fixed: float, per_row: float, tree_accepted: float) -> AdaptivePolicy:
@@ -330,6 +361,33 @@ def test_engine_compute_bound_stops_drafting(async_scheduling):
     assert spec.num_draft_tokens == sum(d.drafts for d in delivered.values())
     assert spec.num_accepted_tokens == sum(d.accepted for d in delivered.values())
     assert spec.acceptance_rate == pytest.approx(fixed_core.scheduler.counters.spec.acceptance_rate, abs=0.15)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_engine_settled_without_drafts_skips_the_heads_prompts(async_scheduling):
+    """Compute-bound with a draft head (eagle3's policy over the fake runner): once settled on no drafts, the
+    prompts admitted then are marked skipped (``drafter_prefill`` False on their steps) and never drafted;
+    outputs stay the model's own, every ledger exact (the harness checks the invariants each step)."""
+    core, runner = make_engine(async_scheduling=async_scheduling, k=3, max_num_seqs=4, max_num_batched_tokens=256,
+                               draft_error_rate=0.1, spec_policy="adaptive", step_cost=COMPUTE_BOUND,
+                               spec_method="eagle3")
+    reqs = [make_request(f"r{i}", [1 + i, 2, 3, 4, 5], seed=i, max_tokens=120) for i in range(12)]
+    skipped_steps = []
+    schedule = core.scheduler.schedule
+
+    def watch():
+        so = schedule()
+        if not so.drafter_prefill:
+            skipped_steps.append(so.step_id)
+        return so
+
+    core.scheduler.schedule = watch
+    delivered = run_to_completion(core, reqs)
+    gapped = [r for r in reqs if r.drafter_gap]
+    assert skipped_steps and gapped and gapped[0] is not reqs[0]
+    assert all(delivered[r.request_id].drafts == 0 for r in gapped)
+    _, _, plain = _run(async_scheduling, COMPUTE_BOUND, policy="fixed", n=12, max_tokens=120)
+    assert {r: d.tokens for r, d in delivered.items()} == {r: d.tokens for r, d in plain.items()}
 
 
 def test_a_one_pass_drafter_pays_its_pass_once_and_explores_every_draft():

@@ -44,11 +44,14 @@ def test_shipped_drafter_equals_no_spec(reference: list, method: str) -> None:
     assert stats[False]["num_accepted_tokens"] > 0 and stats[True]["num_accepted_tokens"] > 0
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_head_skipped_on_decode_steps_that_draft_nothing(reference: list, async_scheduling: bool) -> None:
+@pytest.mark.parametrize("async_scheduling,settled", [(False, False), (True, True)],
+                         ids=["sync", "async-settled"])
+def test_head_skipped_on_decode_steps_that_draft_nothing(reference: list, async_scheduling: bool,
+                                                         settled: bool) -> None:
     """A decode-only step for which the policy asks no drafts runs neither the EAGLE-3 head nor the target's
-    feature capture (its KV keeps a gap there); prompt chunks still go through the head; greedy outputs stay
-    those of no speculation."""
+    feature capture (its KV keeps a gap there); prompt chunks still go through the head — unless the policy has
+    settled on no drafts (``drafter_prefill`` False): then nothing does (its requests are never drafted); greedy
+    outputs stay those of no speculation."""
     if not _shipped("eagle3"):
         pytest.skip("no shipped eagle3 drafter")
     llm = LLM(max_num_seqs=8, async_scheduling=async_scheduling,
@@ -58,6 +61,7 @@ def test_head_skipped_on_decode_steps_that_draft_nothing(reference: list, async_
 
     def never(decode: list) -> dict[str, int]:  # a policy that never finds drafts worth it
         policy.propose_k = 0
+        policy.drafter_prefill = not settled
         return {req.request_id: 0 for req, _ in decode}
 
     policy.plan = never
@@ -77,5 +81,8 @@ def test_head_skipped_on_decode_steps_that_draft_nothing(reference: list, async_
     outs = llm.generate(list(humaneval_prompts(N_PROMPTS)), GREEDY, use_tqdm=False)
     llm.shutdown()
     assert [o.outputs[0].token_ids for o in outs] == [r.token_ids for r in reference]
+    if settled:  # no head pass at all, no features captured
+        assert not heads and features and not any(features)
+        return
     assert heads and all(rows > reqs and k == 0 for rows, reqs, k in heads)  # prompt chunks only
     assert sum(1 for n in features if n) == len(heads) < len(features)

@@ -22,6 +22,9 @@ class FixedPolicy:
         self.num_exploration_steps = 0
         self.shadows: Shadows | None = None  # a model-free drafter's unverified drafts, scored (core/shadow.py)
         self.shadow_depth = 0
+        # Whether a drafter with its own KV runs over prompt chunks on a step that drafts nothing
+        # (``SchedulerOutput.drafter_prefill``): always, here.
+        self.drafter_prefill = True
 
     def plan(self, decode: list[tuple[Request, int]]) -> dict[str, int]:
         """Drafts to verify per request this step; ``decode``: (request, drafts available within its limits)

@@ -117,6 +117,9 @@ class Request:
         self.first_token_time: float | None = None
         self.first_scheduled_time: float | None = None  # set by the scheduler at the first admission
         self.finish_time: float | None = None
+        # A drafter with its own KV skipped one of its prompt chunks (``SchedulerOutput.drafter_prefill``): its
+        # drafts would attend over a gap in the prompt, so the adaptive policy never verifies any for it.
+        self.drafter_gap = False
 
     # -- derived -----------------------------------------------------------------------------------------
     @property

@@ -222,6 +222,7 @@ class Scheduler:
             draft_trees=bool(self.tree_nodes) and self.spec_policy.propose_tree,
             shadow_req_ids=self.spec_policy.shadow(self._step_id) if self.num_spec_tokens else set(),
             num_shadow_drafts=self.spec_policy.shadow_depth,
+            drafter_prefill=self.spec_policy.drafter_prefill or not self.num_spec_tokens,
         )
         if num_scheduled:
             # The runner learns what to forget with the next step it runs.
@@ -257,6 +258,8 @@ class Scheduler:
             to_end = (len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_output_placeholders
                       - req.num_computed_tokens)
             samples = n - n_drafts >= to_end
+            if to_end > 1 and not out.drafter_prefill:  # a prompt chunk the draft head skips (spec_policy.py)
+                req.drafter_gap = True
             epochs[rid] = req.epoch
             if samples:
                 sampling.add(rid)

@@ -97,6 +97,9 @@ METHOD_PRIOR = {"ngram": 0.5, "suffix": 0.5, "draft_model": 0.6, "eagle": 0.6, "
 # Drafters that make all their drafts in one pass whatever the depth (a lookup in the tokens): for them a step's
 # ``passes`` is 1 where it drafts at all, so ``per_pass`` prices drafting at all, not each draft.
 ONE_PASS_METHODS = frozenset({"ngram", "suffix"})
+# Drafters whose own KV the runner fills with a pass over every prompt chunk (a draft head): that pass is skipped
+# while the policy has settled on no drafts (``drafter_prefill``).
+HEAD_METHODS = frozenset({"eagle", "eagle3", "mtp"})
 EXPLORE_EVERY = 64
 EXPLORE_MAX = 512  # the exploration interval, doubled while explorations confirm the choice, stops here
 # Drafts' costs are counted at this factor: the fit does not see a row count that leaves a faster kernel path,
@@ -121,6 +124,7 @@ class AdaptivePolicy(TreeChoice, FixedPolicy):
         self.clock = clock
         self.fast_rows = fast_rows  # drafts keep a step within this many rows (0: no bound)
         self.max_passes = 1 if method in ONE_PASS_METHODS else k  # drafting passes of a step, at most
+        self.head = method in HEAD_METHODS
         self._last: float | None = None  # when the previous step came back, while requests kept running
         self._last_decode_reqs = 0  # the previous step's requests where it was decode-only (else 0)
         prior = METHOD_PRIOR.get(method, 0.5)
@@ -215,6 +219,7 @@ class AdaptivePolicy(TreeChoice, FixedPolicy):
         return out
 
     def plan(self, decode: list[tuple[Request, int]]) -> dict[str, int]:
+        self.drafter_prefill = True
         if not decode:
             return {}
         self.acceptance.step += 1
@@ -222,7 +227,9 @@ class AdaptivePolicy(TreeChoice, FixedPolicy):
         cost = line_cost(self.lines, len(decode))
         seeded = [self.acceptance.kind_of(req)[1] for req, _ in decode]
         # Limits without the drafts' availability: what is worth drafting now for the next step.
-        limits = [(req, max(0, min(self.k, req.remaining_tokens() - 1))) for req, _ in decode]
+        # (A request whose prompt the head skipped is never drafted: its drafts would attend over the gap.)
+        limits = [(req, 0 if req.drafter_gap and not s else max(0, min(self.k, req.remaining_tokens() - 1)))
+                  for (req, _), s in zip(decode, seeded)]
         full = self._fill(limits)
         close = False  # the best first draft near paying (``_allocate``)
         if cost.fitted:
@@ -275,6 +282,10 @@ class AdaptivePolicy(TreeChoice, FixedPolicy):
             if self.propose_tree and cost.fitted:  # a tree verifies every level a request may still use
                 want = [max(w, lim) for w, (_, lim) in zip(want, limits)]
         self.propose_k = max(want)
+        # Settled on no drafts (fitted, not a close call, not exploring): a draft head's pass over the prompt
+        # chunks admitted now is skipped too; those requests are never drafted (``Request.drafter_gap``).
+        self.drafter_prefill = not (self.head and cost.fitted and not self.propose_k and not close_call
+                                    and verify is None and not self._verify_next)
         self._shadow_candidates = [req for req, _ in decode] if self.shadows is not None and not self.propose_k else []
         if verify is not None:
             want = [self.k if s else w for s, w in zip(seeded, verify)]

@@ -147,9 +147,11 @@ class ModelRunner(Drafting):
             # A drafter with its own KV (EAGLE / MTP) runs over prompt chunks and over steps that draft; a
             # decode-only step that drafts nothing skips it (and the target's features it would read): its KV
             # keeps a gap at those positions, which later drafts attend over. Outputs never depend on it
-            # (drafts are verified); acceptance after a gap may be lower, and the policy measures that.
+            # (drafts are verified); acceptance after a gap may be lower, and the policy measures that. While
+            # the policy has settled on no drafts (``so.drafter_prefill`` False) prompt chunks skip it too: the
+            # scheduler never has those requests drafted (``Request.drafter_gap``).
             kv_pass = bool(self.k and self.proposer.needs_prefill_steps  # type: ignore[union-attr]
-                           and (k_step or any(p.num_known > 1 for p in step.plans)))
+                           and (k_step or (so.drafter_prefill and any(p.num_known > 1 for p in step.plans))))
             aux = self.proposer.aux_hidden_layers if kv_pass else ()  # type: ignore[union-attr]
             with tr.span("forward", track="device", step=so.step_id, tokens=step.batch.num_tokens):
                 fwd = self.model(step.batch, self.kv_cache, aux_hidden_layers=aux)
