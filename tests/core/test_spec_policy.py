@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import pytest
 
-from tandem.core.spec_policy import EXPLORE_EVERY, AdaptivePolicy, FixedPolicy, make_policy
+from tandem.core.spec_policy import EXPLORE_EVERY, QUIET, AdaptivePolicy, FixedPolicy, make_policy
 from tandem.core.step_cost import BatchLine, StepCost, batch_class
 from tandem.speculative_config import SpeculativeConfig
 from tests.core.harness import make_engine, make_request, run_to_completion
@@ -111,20 +111,25 @@ def test_a_seeded_sampled_request_is_never_varied():
 
 
 def test_a_draft_head_skips_prompts_only_while_settled_on_no_drafts():
-    """A head's pass over prompt chunks is skipped while the fitted policy chooses no drafts (not for a model-free
-    drafter, which has no such pass; not on a close call, which is explored); a request whose prompt it skipped
-    is never drafted, unless seeded (never varied)."""
+    """A head's pass over prompt chunks is skipped once the fitted policy has chosen no drafts ``QUIET`` plans in a
+    row (not for a model-free drafter, which has no such pass; not on a close call, which is explored; not after
+    one plan without drafts in a drafting phase); a request whose prompt it skipped is never drafted, unless seeded
+    (never varied)."""
     decode = [(_Req(f"r{i}"), 3) for i in range(32)]
     pol = _policy(3, 1e-3, 1e-3)  # compute-bound
-    pol.plan(decode)
-    assert pol.propose_k == 0 and not pol.drafter_prefill
     ngram = _policy(3, 1e-3, 1e-3)
     ngram.head = False
-    ngram.plan(decode)
-    assert ngram.propose_k == 0 and ngram.drafter_prefill
+    for n in range(1, QUIET + 1):
+        pol.plan(decode)
+        ngram.plan(decode)
+        assert pol.propose_k == ngram.propose_k == 0 and ngram.drafter_prefill
+        assert pol.drafter_prefill is (n < QUIET)
+    pol.lines = _lines(_fitted(10e-3, 0.01e-3))  # drafts pay again: one drafting plan ends the quiet
+    assert pol.plan(decode[:1]) == {"r0": 3} and pol.drafter_prefill and pol._quiet == 0
     assert AdaptivePolicy(3, "eagle3").drafter_prefill  # before any plan
     unfitted = AdaptivePolicy(3, "eagle3")
-    unfitted.plan(decode)
+    for _ in range(QUIET):
+        unfitted.plan(decode)
     assert unfitted.drafter_prefill  # nothing measured: every draft
     cheap = _policy(3, 10e-3, 0.1e-3)  # latency-bound: drafts pay
     gapped, seeded = _Req("gap"), _Req("seeded", temperature=0.8, seed=7)
@@ -137,7 +142,8 @@ def test_a_draft_head_skips_prompts_only_while_settled_on_no_drafts():
     one = [(_Req("x"), 3)]
     close.acceptance.kind_of(one[0][0])
     assert close._allocate(one) == ([0], True)
-    assert close.plan(one) == {"x": 0} and close.drafter_prefill
+    for _ in range(QUIET):
+        assert close.plan(one) == {"x": 0} and close.drafter_prefill
 
 
 def _tree_policy(fixed: float, per_row: float, tree_accepted: float) -> AdaptivePolicy:

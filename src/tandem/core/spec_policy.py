@@ -38,7 +38,8 @@ tokens per second, the drafts' own costs (their rows, and the passes their deepe
 ``MARGIN`` times their estimate so near-even bets lose, and (more than one request) taken only where the best
 beats no drafts by ``MIN_GAIN``. When drafts do not pay — the batch is compute-bound, acceptance is low, drafting
 passes cost more than the tokens they add — every request gets ``k = 0`` and the proposer is not run (a drafter
-with its own KV runs over prompt chunks only). A row count past ``fast_rows`` (the native decoder stack's,
+with its own KV runs over prompt chunks only — and, once the choice is settled (``QUIET`` plans in a row without
+drafts), not over them either: ``drafter_prefill``, below). A row count past ``fast_rows`` (the native decoder stack's,
 ``EnginePlan.native_decode_rows``: 256 on the default model with int8 activations, 64 with float32 ones) moves
 the whole step to the torch layers, a step the line does not price (1.02-1.14x at 64-256 rows with int8
 activations, BENCHMARKS.md §12; more with float32 ones, whose wide products are dequantized tiles + GEMM): drafts
@@ -72,6 +73,15 @@ an estimate from an earlier phase does not keep a later one from drafting.
 
 With draft trees (``speculative_config.tree``) the policy also chooses, per step, whether the drafts made in it
 are trees or chains (core/tree_choice.py).
+
+A draft head's pass over prompt chunks is what an EAGLE-3 engine still paid while the policy drafted nothing:
+at four sampled streams on the Zen 3 kind 0.95x no speculation in one process, ~3-5 % of the work (BENCHMARKS.md
+§19, session 28). ``drafter_prefill`` is False while the choice not to draft is settled (``HEAD_METHODS``; ``QUIET``
+plans in a row on a fitted line drafted and verified nothing, with no close call): the runner skips the head over the prompt chunks admitted then, the
+scheduler marks those requests (``Request.drafter_gap``) and ``plan`` never drafts for them — each draft would
+attend over a gap the size of the prompt, and its misses would lower the class's estimate for every other
+request. A request admitted while drafts do not pay is thus not drafted if they come to pay before it finishes:
+what that forgoes is bounded by its length, and it is never slower than no speculation.
 
 A seeded sampled request is never varied (the random numbers it consumes depend on its k). Acceptance
 statistics count drafts actually verified, so ``acceptance_rate`` stays honest under any k.
@@ -113,6 +123,10 @@ SURE = 0.9  # a class with only smaller ones measured drafts what is worth this 
 # MARGIN) is a close call: explored every EXPLORE_CLOSE steps, never backed off (``plan``).
 CLOSE = 0.2
 EXPLORE_CLOSE = 16
+# Plans in a row without drafts (no close call) after which a draft head skips prompt chunks (``drafter_prefill``):
+# one plan without drafts inside a drafting phase (an exploration, a dip of the estimate) must not leave the requests
+# admitted then undrafted for good.
+QUIET = 16
 
 
 class AdaptivePolicy(TreeChoice, FixedPolicy):
@@ -125,6 +139,7 @@ class AdaptivePolicy(TreeChoice, FixedPolicy):
         self.fast_rows = fast_rows  # drafts keep a step within this many rows (0: no bound)
         self.max_passes = 1 if method in ONE_PASS_METHODS else k  # drafting passes of a step, at most
         self.head = method in HEAD_METHODS
+        self._quiet = 0  # plans in a row that drafted and verified nothing, fitted, no close call
         self._last: float | None = None  # when the previous step came back, while requests kept running
         self._last_decode_reqs = 0  # the previous step's requests where it was decode-only (else 0)
         prior = METHOD_PRIOR.get(method, 0.5)
@@ -282,10 +297,12 @@ class AdaptivePolicy(TreeChoice, FixedPolicy):
             if self.propose_tree and cost.fitted:  # a tree verifies every level a request may still use
                 want = [max(w, lim) for w, (_, lim) in zip(want, limits)]
         self.propose_k = max(want)
-        # Settled on no drafts (fitted, not a close call, not exploring): a draft head's pass over the prompt
-        # chunks admitted now is skipped too; those requests are never drafted (``Request.drafter_gap``).
-        self.drafter_prefill = not (self.head and cost.fitted and not self.propose_k and not close_call
-                                    and verify is None and not self._verify_next)
+        # Settled on no drafts (fitted, no close call, nothing drafted or verified for QUIET plans in a row): a
+        # draft head's pass over the prompt chunks admitted now is skipped too; those requests are never drafted
+        # (``Request.drafter_gap``).
+        quiet = not self.propose_k and not close_call and verify is None and cost.fitted
+        self._quiet = self._quiet + 1 if quiet else 0
+        self.drafter_prefill = not (self.head and self._quiet >= QUIET)
         self._shadow_candidates = [req for req, _ in decode] if self.shadows is not None and not self.propose_k else []
         if verify is not None:
             want = [self.k if s else w for s, w in zip(seeded, verify)]

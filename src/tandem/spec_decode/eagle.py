@@ -18,7 +18,9 @@ Steps with prompt chunks (even where no request samples) run step 1 so the head'
 decode-only step for which the speculation policy asks no drafts does not run the head at all (the runner
 skips it, and the target's feature capture): the head's KV keeps a gap at those positions, which later drafts
 attend over. Outputs never depend on it (drafts are verified); acceptance after a gap may be lower, and the
-adaptive policy learns the acceptance it really gets.
+adaptive policy learns the acceptance it really gets. While the policy has settled on no drafts
+(``SchedulerOutput.drafter_prefill`` False) prompt chunks skip the head too, and the policy never drafts for
+those requests (``Request.drafter_gap``).
 """
 
 from __future__ import annotations
