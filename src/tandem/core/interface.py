@@ -80,8 +80,8 @@ class SchedulerOutput:
     # in ``ModelRunnerOutput.shadow_token_ids``.
     shadow_req_ids: set[str] = field(default_factory=set)
     num_shadow_drafts: int = 0
-    # Whether a drafter with its own KV (EAGLE, EAGLE-3, MTP, a draft model) runs over this step's prompt chunks
-    # when it drafts nothing (``num_drafts_to_propose`` 0): False while the adaptive policy has settled on no
+    # Whether a draft head with its own KV (EAGLE, EAGLE-3, MTP) runs over this step's prompt chunks when it drafts
+    # nothing (``num_drafts_to_propose`` 0): False while the adaptive policy has settled on no
     # drafts for the batch (core/spec_policy.py); the requests whose prompt chunk it skips are never drafted by it
     # (``Request.drafter_gap``).
     drafter_prefill: bool = True

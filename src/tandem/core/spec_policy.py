@@ -39,8 +39,8 @@ tokens per second, the drafts' own costs (their rows, and the passes their deepe
 beats no drafts by ``MIN_GAIN``. When drafts do not pay — the batch is compute-bound, acceptance is low, drafting
 passes cost more than the tokens they add — every request gets ``k = 0`` and the proposer is not run (a drafter
 with its own KV runs over prompt chunks only — and, once the choice is settled (``QUIET`` plans in a row without
-drafts), not over them either: ``drafter_prefill``, below). A row count past ``fast_rows`` (the native decoder stack's,
-``EnginePlan.native_decode_rows``: 256 on the default model with int8 activations, 64 with float32 ones) moves
+drafts), not over them either: ``drafter_prefill``, below). A row count past ``fast_rows`` (the native decoder
+stack's, ``EnginePlan.native_decode_rows``: 256 on the default model with int8 activations, 64 with float32 ones) moves
 the whole step to the torch layers, a step the line does not price (1.02-1.14x at 64-256 rows with int8
 activations, BENCHMARKS.md §12; more with float32 ones, whose wide products are dequantized tiles + GEMM): drafts
 never take a step past it (a step already past it without drafts is priced by the line alone), nor do trees.
@@ -74,14 +74,14 @@ an estimate from an earlier phase does not keep a later one from drafting.
 With draft trees (``speculative_config.tree``) the policy also chooses, per step, whether the drafts made in it
 are trees or chains (core/tree_choice.py).
 
-A draft head's pass over prompt chunks is what an EAGLE-3 engine still paid while the policy drafted nothing:
-at four sampled streams on the Zen 3 kind 0.95x no speculation in one process, ~3-5 % of the work (BENCHMARKS.md
-§19, session 28). ``drafter_prefill`` is False while the choice not to draft is settled (``HEAD_METHODS``; ``QUIET``
-plans in a row on a fitted line drafted and verified nothing, with no close call): the runner skips the head over the prompt chunks admitted then, the
-scheduler marks those requests (``Request.drafter_gap``) and ``plan`` never drafts for them — each draft would
-attend over a gap the size of the prompt, and its misses would lower the class's estimate for every other
-request. A request admitted while drafts do not pay is thus not drafted if they come to pay before it finishes:
-what that forgoes is bounded by its length, and it is never slower than no speculation.
+A draft head's pass over prompt chunks is what an EAGLE-3 engine still paid while the policy drafted nothing
+(~1.6 % of the work at four sampled streams on the Zen 3 kind, ~25 ms a pass: BENCHMARKS.md §19, session 29).
+``drafter_prefill`` is False while the choice not to draft is settled (``HEAD_METHODS``; ``QUIET`` plans in a row
+on a fitted line drafted and verified nothing, with no close call): the runner skips the head over the prompt
+chunks admitted then, the scheduler marks those requests (``Request.drafter_gap``) and ``plan`` never drafts for
+them — each draft would attend over a gap the size of the prompt, and its misses would lower the class's estimate
+for every other request. A request admitted while drafts do not pay is thus not drafted if they come to pay
+before it finishes: what that forgoes is bounded by its length, and it is never slower than no speculation.
 
 A seeded sampled request is never varied (the random numbers it consumes depend on its k). Acceptance
 statistics count drafts actually verified, so ``acceptance_rate`` stays honest under any k.
