@@ -115,6 +115,7 @@ def spec(method: str) -> dict[str, Any] | None:
 def arm_worker(kwargs: dict[str, Any], model: str = MODEL) -> None:
     """JSON lines on stdin/stdout: generate (as the llama.cpp worker: greedy, ignore_eos), prefill, stats."""
     torch.set_num_threads(2)
+    model = kwargs.pop("model", model)
     llm = LLM(model, **kwargs)
     llm.generate("def f(x):", SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     plan = llm.engine_plan

@@ -74,6 +74,7 @@ def prefill_rows(ns: argparse.Namespace, names: dict[str, str], tree: Path, text
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="HEAD~1", help="git revision of the base arm")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="a known model (both arms)")
     ap.add_argument("--concurrency", nargs="*", type=int, default=[1, 4, 16])
     ap.add_argument("--prefill", nargs="*", type=int, default=[], help="prompt lengths whose prefill is timed")
     ap.add_argument("--prefill-repeats", type=int, default=3)
@@ -86,7 +87,7 @@ def main() -> None:
     ns = ap.parse_args()
     rev = subprocess.run(["git", "rev-parse", "--short", ns.base], cwd=ROOT, check=True, capture_output=True,
                          text=True).stdout.strip()
-    tok = load_tokenizer("smollm2-135m-instruct")
+    tok = load_tokenizer(ns.model)
     ids = [tok.encode(t) for t in humaneval(ns.prompts)]
     names = {f"base {rev}": "base", "working tree": "head"}
     out: dict[str, Any] = {"environment": environment(), "args": vars(ns), "base_commit": rev, "results": []}
@@ -96,7 +97,7 @@ def main() -> None:
                        capture_output=True)
         try:
             for c in ns.concurrency:
-                kw = {"max_num_seqs": c, "max_model_len": 2048, **json.loads(ns.engine)}
+                kw = {"model": ns.model, "max_num_seqs": c, "max_model_len": 2048, **json.loads(ns.engine)}
                 arms = {n: SourceArm(kw, tree / "src" if k == "base" else None)
                         for n, k in tqdm(names.items(), desc=f"c={c} load")}
                 order = list(arms)

