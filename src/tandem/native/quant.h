@@ -148,22 +148,15 @@ static inline __attribute__((always_inline)) void kf_block(int R, int64_t type, 
         }
         return;
     }
-    const __m256i three = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
     const float d = q_f16(b + 208);
     const uint8_t *ql = b, *qhp = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     for (int half = 0; half < 2; half++, ql += 64, qhp += 32, sc += 8, x += 128) {
-        const __m256i va = _mm256_loadu_si256((const __m256i *)ql);
-        const __m256i vc = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        __m256i lows[4];
+        q6k_lows(ql, lows);
         const __m256i h = _mm256_loadu_si256((const __m256i *)qhp);
-        const __m256i lows[4] = {_mm256_and_si256(va, lo4), _mm256_and_si256(vc, lo4),
-                                 _mm256_and_si256(_mm256_srli_epi16(va, 4), lo4),
-                                 _mm256_and_si256(_mm256_srli_epi16(vc, 4), lo4)};
-        for (int k = 0; k < 4; k++) {
-            const __m256i hk = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * k)), three);
-            const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lows[k], _mm256_slli_epi16(hk, 4)), off);
-            kf32(R, q, 1, d * (float)sc[2 * k], d * (float)sc[2 * k + 1], 0.0f, x + 32 * k, in, a);
-        }
+        for (int k = 0; k < 4; k++)
+            kf32(R, q6k_group(lows, h, k), 1, d * (float)sc[2 * k], d * (float)sc[2 * k + 1], 0.0f, x + 32 * k, in, a);
     }
 }
 

@@ -348,24 +348,34 @@ static void deq_q5_k_simd(const uint8_t *restrict b, int64_t nb, float *restrict
     }
 }
 
+/* Q6_K, one half of a block (64 bytes of ql, 32 of qh): its four groups of 32 weights' low 4 bits, in order */
+static inline void q6k_lows(const uint8_t *ql, __m256i lows[4]) {
+    const __m256i lo4 = _mm256_set1_epi8(15);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)ql);
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    lows[0] = _mm256_and_si256(a, lo4);
+    lows[1] = _mm256_and_si256(c, lo4);
+    lows[2] = _mm256_and_si256(_mm256_srli_epi16(a, 4), lo4);
+    lows[3] = _mm256_and_si256(_mm256_srli_epi16(c, 4), lo4);
+}
+
+/* ... and group k's 32 signed weights q - 32, its 2 high bits from qh (bits 2k, 2k + 1 of each byte) */
+static inline __m256i q6k_group(const __m256i lows[4], __m256i qh, int k) {
+    const __m256i hk = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+    return _mm256_sub_epi8(_mm256_or_si256(lows[k], _mm256_slli_epi16(hk, 4)), _mm256_set1_epi8(32));
+}
+
 static void deq_q6_k_simd(const uint8_t *restrict b, int64_t nb, float *restrict y) {
-    const __m256i lo4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
     for (int64_t i = 0; i < nb; i++, b += 210) {
         const float d = q_f16(b + 208);
         const uint8_t *ql = b, *qhp = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
         for (int half = 0; half < 2; half++, ql += 64, qhp += 32, sc += 8, y += 128) {
-            const __m256i a = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i c = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i lows[4];
+            q6k_lows(ql, lows);
             const __m256i h = _mm256_loadu_si256((const __m256i *)qhp);
-            const __m256i lows[4] = {_mm256_and_si256(a, lo4), _mm256_and_si256(c, lo4),
-                                     _mm256_and_si256(_mm256_srli_epi16(a, 4), lo4),
-                                     _mm256_and_si256(_mm256_srli_epi16(c, 4), lo4)};
-            for (int k = 0; k < 4; k++) {
-                const __m256i hk = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * k)), three);
-                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lows[k], _mm256_slli_epi16(hk, 4)), off);
-                st32(q, 1, d * (float)sc[2 * k], d * (float)sc[2 * k + 1], 0.0f, y + 32 * k);
-            }
+            for (int k = 0; k < 4; k++)
+                st32(q6k_group(lows, h, k), 1, d * (float)sc[2 * k], d * (float)sc[2 * k + 1], 0.0f, y + 32 * k);
         }
     }
 }
