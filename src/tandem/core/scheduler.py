@@ -222,7 +222,7 @@ class Scheduler:
             draft_trees=bool(self.tree_nodes) and self.spec_policy.propose_tree,
             shadow_req_ids=self.spec_policy.shadow(self._step_id) if self.num_spec_tokens else set(),
             num_shadow_drafts=self.spec_policy.shadow_depth,
-            drafter_prefill=self.spec_policy.drafter_prefill or not self.num_spec_tokens,
+            drafter_prefill=self.spec_policy.drafter_prefill,
         )
         if num_scheduled:
             # The runner learns what to forget with the next step it runs.

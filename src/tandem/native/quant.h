@@ -110,7 +110,6 @@ static inline void q_dots(const float *x, const float *w, int nj, int64_t n, flo
  * of any batch, whichever path runs it), without writing 2 KB a tile and chunk and reading it back. Weight-bound
  * one-row products of Gemma 3's Q4_K and Q6_K matrices spent ~35 % of their time in the dequantizer's stores. */
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-#define KF 1
 #define KF_ROWS 4
 static inline int kf_type(int64_t type) { return type == GT_Q4_K || type == GT_Q6_K; }
 
@@ -136,8 +135,8 @@ static inline __attribute__((always_inline)) void kf32(int R, __m256i q, int is_
 /* One block of 256 weights against x[r * in + 0..255] (deq_q4_k_simd's and deq_q6_k_simd's weights, in order) */
 static inline __attribute__((always_inline)) void kf_block(int R, int64_t type, const uint8_t *b, const float *x,
                                                            int64_t in, __m256 *a) {
-    const __m256i lo4 = _mm256_set1_epi8(15);
     if (type == GT_Q4_K) {
+        const __m256i lo4 = _mm256_set1_epi8(15);
         float ds[8], dm[8];
         k_scales(b, ds, dm);
         const uint8_t *q = b + 16;
@@ -198,7 +197,6 @@ static void kf_gemv(int64_t type, int64_t prow, int64_t rb, const uint8_t *data,
     }
 }
 #else
-#define KF 0
 #define KF_ROWS 0
 static inline int kf_type(int64_t type) { (void)type; return 0; }
 static void kf_gemv(int64_t type, int64_t prow, int64_t rb, const uint8_t *data, const float *x, int64_t rows,
