@@ -165,6 +165,20 @@ def test_f32_round_trip_is_exact(tmp_path: Path, family: str, tie: bool) -> None
     assert (args.bos_token_id, args.eos_token_ids) == (258, (259,))
 
 
+def test_num_layers_reads_the_first_layers_and_everything_outside_them(tmp_path: Path) -> None:
+    """``load_checkpoint(num_layers=1)`` (make_draft's load): the first layer's tensors and the ones outside
+    the layers, equal to the whole load's; the args still the whole model's; a count below 1 refused."""
+    state = write_gguf(tmp_path / "m.gguf", "llama", tiny_model("llama", tie=False))
+    whole = load_checkpoint(tmp_path / "m.gguf")
+    first = load_checkpoint(tmp_path / "m.gguf", num_layers=1)
+    kept = {n for n in state if not n.startswith("model.layers.") or n.startswith("model.layers.0.")}
+    assert set(first.tensors) == kept and kept < set(state)
+    assert all(torch.equal(first.tensors[n], whole.tensors[n]) for n in kept)
+    assert first.args == whole.args
+    with pytest.raises(ValueError, match="num_layers must be at least 1, got 0"):
+        load_checkpoint(tmp_path / "m.gguf", num_layers=0)
+
+
 def test_q8_0_round_trip_within_quantization_error(tmp_path: Path) -> None:
     model = tiny_model("llama", tie=False)
     quantized = {

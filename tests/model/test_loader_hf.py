@@ -122,6 +122,16 @@ def test_dtype_cast_and_file_hash(tmp_path: Path) -> None:
         load_checkpoint(directory, dtype=torch.int32)
 
 
+def test_num_layers_leaves_the_later_layers_unread(tmp_path: Path) -> None:
+    directory, model = save_tiny(tmp_path, "qwen2", shard=True)
+    ckpt = load_checkpoint(directory, num_layers=1)
+    state = model.state_dict()
+    kept = {n for n in state if not n.startswith("model.layers.") or n.startswith("model.layers.0.")}
+    assert set(ckpt.tensors) == kept and kept < set(state)
+    assert all(torch.equal(ckpt.tensors[n], state[n]) for n in kept)
+    assert ckpt.args.num_hidden_layers == 2
+
+
 def test_missing_tensor_names_file_and_tensor(tmp_path: Path) -> None:
     directory, _ = save_tiny(tmp_path, "llama")
     tensors = load_file(single_file(directory))

@@ -9,7 +9,6 @@ alone with its own cache, the plainest possible reference.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,17 +37,6 @@ class Greedy:
     ids: list[list[int]]  # generated ids per prompt
     # Per prompt, [NEW_TOKENS, vocab] float32: the logits each generated id was taken from.
     logits: list[torch.Tensor]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Run this module on one torch thread. It checks numbers, not speed, and on a shared 2-core
-    machine two OpenMP threads stall at every parallel region while a neighbour holds the other core
-    (measured here under load: 5x slower than one thread)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

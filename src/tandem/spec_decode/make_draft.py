@@ -100,9 +100,11 @@ def _gemma3_config(args: ModelArgs, num_layers: int) -> dict[str, Any]:
 
 
 def make_draft(target: str, out_dir: str | Path, num_layers: int, dtype: torch.dtype = torch.float32) -> Path:
-    ckpt = load_checkpoint(target, dtype)
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be at least 1, got {num_layers}")
+    ckpt = load_checkpoint(target, dtype, num_layers=num_layers)  # the kept layers' tensors only
     args = ckpt.args
-    if not 1 <= num_layers <= args.num_hidden_layers:
+    if num_layers > args.num_hidden_layers:
         raise ValueError(f"num_layers must be in [1, {args.num_hidden_layers}], got {num_layers}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

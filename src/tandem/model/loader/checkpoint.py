@@ -69,21 +69,27 @@ def load_tokenizer(model: str | Path) -> Tokenizer:
 
 
 def load_checkpoint(
-    model: str | Path, dtype: torch.dtype = torch.float32, keep_quantized: bool = False
+    model: str | Path, dtype: torch.dtype = torch.float32, keep_quantized: bool = False,
+    num_layers: int | None = None,
 ) -> Checkpoint:
     """Hyper-parameters, weights (dequantized / cast to ``dtype``; with ``keep_quantized`` a GGUF file's
-    block-quantized matrices stay in their blocks, model/block_quant.py) and tokenizer of ``model``."""
+    block-quantized matrices stay in their blocks, model/block_quant.py) and tokenizer of ``model``.
+
+    ``num_layers`` reads only the first that many decoder layers' tensors (and everything outside the layers):
+    for exporting a prefix of the model (``make_draft``); ``args`` still describe the whole model."""
     if not dtype.is_floating_point:
         raise ValueError(f"load_checkpoint: dtype must be a floating-point type, got {dtype}")
+    if num_layers is not None and num_layers < 1:
+        raise ValueError(f"load_checkpoint: num_layers must be at least 1, got {num_layers}")
     path = resolve_model(model)
     if path.is_dir():
         args = hf_model_args(path)
-        tensors, files = load_hf_tensors(path, args, dtype)
+        tensors, files = load_hf_tensors(path, args, dtype, num_layers)
         tokenizer = hf_tokenizer(path)
     else:
         gf = GGUFFile.open(path)
         args = gguf_model_args(gf)
-        tensors, files = load_gguf_tensors(gf, args, dtype, keep_quantized), [path]
+        tensors, files = load_gguf_tensors(gf, args, dtype, keep_quantized, num_layers), [path]
         tokenizer = gguf_tokenizer(gf)
     if tokenizer.vocab_size > args.vocab_size:
         raise ValueError(

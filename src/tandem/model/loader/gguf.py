@@ -36,7 +36,7 @@ from tandem.model.loader.gguf_file import GGUFFile
 from tandem.model.loader.quants import dequantize, type_name
 
 log = logging.getLogger(__name__)
-from tandem.model.loader.tensor_spec import check_tensors
+from tandem.model.loader.tensor_spec import check_tensors, in_layers
 from tandem.model.model_args import ModelArgs, gemma3_fields, gemma3_layer_windows
 
 # general.architecture -> tandem family
@@ -182,11 +182,13 @@ def unkernelled_types(gf: GGUFFile) -> list[str]:
 
 
 def load_gguf_tensors(
-    gf: GGUFFile, args: ModelArgs, dtype: torch.dtype, keep_quantized: bool = False
+    gf: GGUFFile, args: ModelArgs, dtype: torch.dtype, keep_quantized: bool = False,
+    num_layers: int | None = None,
 ) -> dict[str, torch.Tensor | BlockQuantWeight]:
     """Every weight of ``gf`` under its HF name (CPU): dequantized and cast to ``dtype``, or with
     ``keep_quantized`` a :class:`BlockQuantWeight` for each matrix in a kernel type. A quantized type
-    without a kernel is dequantized through gguf-py, and named once in the log."""
+    without a kernel is dequantized through gguf-py, and named once in the log. With ``num_layers`` the
+    decoder layers from that index on are left unread."""
     arch = str(gf.require("general.architecture"))
     names = {hf_tensor_name(name, gf.path, arch): name for name in gf.tensors}
     check_tensors({hf: gf.tensors[g].shape for hf, g in names.items()}, args, gf.path)
@@ -194,6 +196,8 @@ def load_gguf_tensors(
     out: dict[str, torch.Tensor | BlockQuantWeight] = {}
     fallback: set[str] = set()
     for hf, gname in names.items():
+        if not in_layers(hf, num_layers):
+            continue
         info = gf.tensors[gname]
         module = hf.split(".")[-2]
         heads = permuted.get(module) if args.family == "llama" else None

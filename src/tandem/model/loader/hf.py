@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from tandem.model.loader.tensor_spec import Shape, check_tensors, is_ignored
+from tandem.model.loader.tensor_spec import Shape, check_tensors, in_layers, is_ignored
 from tandem.model.model_args import ModelArgs
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -98,9 +98,10 @@ def _tensor_locations(files: list[Path]) -> tuple[dict[str, Path], dict[str, Sha
 
 
 def load_hf_tensors(
-    directory: Path, args: ModelArgs, dtype: torch.dtype
+    directory: Path, args: ModelArgs, dtype: torch.dtype, num_layers: int | None = None
 ) -> tuple[dict[str, torch.Tensor], list[Path]]:
-    """The model's tensors (HF names, ``dtype``, CPU) and the files they came from."""
+    """The model's tensors (HF names, ``dtype``, CPU) and the files they came from; with ``num_layers``
+    the decoder layers from that index on are left unread."""
     files = weight_files(directory)
     where, shapes = _tensor_locations(files)
     # A tied checkpoint may still store lm_head.weight; the model reads the embedding instead.
@@ -115,7 +116,7 @@ def load_hf_tensors(
     index = directory / INDEX_FILE
     source = index if index.is_file() else files[0] if len(files) == 1 else directory
     check_tensors(shapes, args, source, optional=optional)
-    wanted = [n for n in where if not is_ignored(n) and n not in optional]
+    wanted = [n for n in where if not is_ignored(n) and n not in optional and in_layers(n, num_layers)]
     out: dict[str, torch.Tensor] = {}
     for path in files:
         names = [n for n in wanted if where[n] == path]

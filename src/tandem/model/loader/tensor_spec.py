@@ -69,6 +69,13 @@ def is_ignored(name: str) -> bool:
     return name.endswith(_IGNORED_SUFFIXES)
 
 
+def in_layers(name: str, num_layers: int | None) -> bool:
+    """Whether the HF tensor ``name`` is read when only the first ``num_layers`` decoder layers are (None: all)."""
+    if num_layers is None or not name.startswith("model.layers."):
+        return True
+    return int(name.split(".")[2]) < num_layers
+
+
 def check_tensors(
     found: Mapping[str, Shape],
     args: ModelArgs,
