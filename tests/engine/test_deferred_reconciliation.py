@@ -43,7 +43,7 @@ def _run(spec, backend: str, arm: str) -> tuple[list, dict]:
     "spec",
     # The fixed policy: the arms' speculation statistics are compared too (the adaptive one decides per step).
     [None, {"method": "ngram", "num_speculative_tokens": 3, "policy": "fixed"},
-     {"method": "draft_model", "num_speculative_tokens": 2, "model": "smollm2-135m-instruct", "policy": "fixed"}],
+     {"method": "draft_model", "num_speculative_tokens": 2, "model": "smollm2-135m-instruct-draft", "policy": "fixed"}],
     ids=["none", "ngram", "draft"],
 )
 def test_arms_give_identical_outputs(spec):
