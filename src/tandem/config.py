@@ -212,7 +212,10 @@ class ParallelConfig:
     )
     tensor_parallel_size: int = flag(1, "ranks a model is split over", aliases=("-tp",))
     pipeline_parallel_size: int = flag(1, "vLLM's flag; tandem has no pipeline parallelism: 1 only")
-    worker_threads: int | None = flag(None, "torch threads in the worker; default all cores")
+    worker_threads: int | None = flag(
+        None, "torch threads per worker; mp default all cores but one (left to the engine process), shared by the "
+        "tensor-parallel ranks; ray default 1"
+    )
     ray_address: str | None = flag(
         None, "ray executor: address of an existing cluster; default $RAY_ADDRESS, else a local one on 127.0.0.1"
     )

@@ -20,7 +20,14 @@ MAX_TOKENS = 20
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2, ignore_eos=True)
 
 
+# The mp worker's torch threads: by default it leaves the engine process a core, which on a two-core machine
+# runs the model on one thread, twice as long; the outputs do not depend on the thread count.
+MP_THREADS = {"worker_threads": 2}
+
+
 def _run(**kwargs) -> tuple[list, LLM]:
+    if kwargs.get("executor_backend") == "mp":
+        kwargs |= MP_THREADS
     llm = LLM(max_num_seqs=8, debug_invariants=True, **kwargs)
     outs = llm.generate(list(humaneval_prompts(N_PROMPTS)), GREEDY, use_tqdm=False)
     return [o.outputs[0] for o in outs], llm
@@ -73,7 +80,8 @@ def test_preemption_small_kv_cache(reference, async_on):
 
 @pytest.mark.parametrize("backend", ["uni", "mp"])
 def test_random_aborts_mid_flight(reference, backend):
-    llm = LLM(max_num_seqs=8, async_scheduling=True, executor_backend=backend, debug_invariants=True)
+    llm = LLM(max_num_seqs=8, async_scheduling=True, executor_backend=backend, debug_invariants=True,
+              **(MP_THREADS if backend == "mp" else {}))
     core, tok = llm.engine.core, llm.tokenizer
     eos = tok.eos_token_ids
     rng = random.Random(7)

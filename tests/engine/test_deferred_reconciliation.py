@@ -24,8 +24,9 @@ PARAMS = [
 
 
 def _run(spec, backend: str, arm: str) -> tuple[list, dict]:
+    threads = {"worker_threads": 2} if backend == "mp" else {}  # mp's default leaves the engine a core: one here
     llm = LLM(max_num_seqs=8, speculative_config=spec, executor_backend=backend,
-              debug_invariants=True, **ARMS[arm])
+              debug_invariants=True, **ARMS[arm], **threads)
     prompts = list(humaneval_prompts(8))
     outs = llm.generate(prompts, [PARAMS[i % len(PARAMS)] for i in range(len(prompts))],
                         use_tqdm=False)
