@@ -20,6 +20,7 @@ the method's own spread.
         --temperatures 0 0.7 1.0 --pairs 4 --name spec_pairs_c1_c4
     python benchmarks/bench_spec_pairs.py --methods eagle3 --fixed-k 1 3 ...   # fixed-k arms as well
     python benchmarks/bench_spec_pairs.py --base HEAD~1 ...   # each adaptive arm also from a worktree of HEAD~1
+    python benchmarks/bench_spec_pairs.py --restarts 3 --pairs 2 ...   # three sets of fresh servers, pooled
     python benchmarks/bench_spec_pairs.py --report A.json B.json --name grid   # several runs' pairs pooled
 
 Writes ``benchmarks/results/NAME.json`` (every run's ``bench serve`` result and its pair), ``NAME.md`` (the
@@ -117,6 +118,38 @@ def plot(pairs: list[dict], names: list[str], ns: argparse.Namespace, path: Path
     finish_axes(fig, axes, ns.temperatures, "output tok/s / no speculation (pairs in one placement)", path)
 
 
+def run_points(servers: dict, table: dict, names: list[str], temp: float, conc: int, rnd: int,
+               ns: argparse.Namespace, logs: Path, pairs: list[dict], commands: list[str], max_pairs: int) -> None:
+    """One point's pairs on one set of servers: a warm-up run on every server, then pairs until each arm has
+    ``--pairs`` counted ones (``--max-pairs`` tried at most), appended to ``pairs``."""
+    run_ns = argparse.Namespace(num_prompts=prompts_at(conc, ns), output_len=ns.output_len)
+    # One run a server first, not counted: a point's prompts then sit in every server's prefix cache
+    # alike (without it an arm's first run prefilled them while no speculation's, after the A/A pair,
+    # found them cached: 0.54-0.77x at each new point of the first grid, whatever the arm drafted).
+    print(f"[T={temp} c={conc}] a warm-up run on every server", flush=True)
+    for a in table:
+        bench_run(servers[a][1], temp, conc, run_ns, logs)
+    todo = {a: ns.pairs for a in names}
+    for attempt in range(max_pairs):
+        for arm in [a for a in names if todo[a] > 0]:
+            order = ("nospec", arm) if (attempt + len(pairs)) % 2 == 0 else (arm, "nospec")
+            runs = {}
+            for a in order:
+                bench, run = bench_run(servers[a][1], temp, conc, run_ns, logs)
+                if len(commands) == len(table):  # the servers' lines, then the first run's
+                    commands.append(shlex.join(bench).replace(servers[a][1], "http://127.0.0.1:PORT"))
+                runs[a] = run
+            where = pair_uniform(runs[order[0]], runs[order[1]])
+            ratio = runs[arm]["result"]["output_throughput"] / runs["nospec"]["result"]["output_throughput"]
+            pairs.append({"arm": arm, "temperature": temp, "concurrency": conc, "order": list(order),
+                          "placement": where, "ratio": ratio, "round": rnd, "runs": runs})
+            todo[arm] -= where is not None
+            print(f"[T={temp} c={conc} try {attempt + 1}] {arm} / nospec {ratio:.3f} "
+                  f"({where or 'moved'}; {todo[arm]} to go)", flush=True)
+        if not any(v > 0 for v in todo.values()):
+            break
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
@@ -127,7 +160,10 @@ def main() -> int:
     ap.add_argument("--aa", action="store_true", help="add nospec_b, a second no-speculation server")
     ap.add_argument("--base", help="git revision: every adaptive arm also runs from a worktree of it "
                     "(``<method>_adaptive_base``)")
-    ap.add_argument("--pairs", type=int, default=4, help="counted pairs wanted per arm and point")
+    ap.add_argument("--pairs", type=int, default=4, help="counted pairs wanted per arm and point (per round)")
+    ap.add_argument("--restarts", type=int, default=1, help="rounds, each on freshly started servers running every "
+                    "point's pairs: a server process's own speed (which can differ from another's for its whole "
+                    "life) then averages out; each pair records its round")
     ap.add_argument("--max-pairs", type=int, default=0, help="pairs tried per arm and point at most "
                     "(default 3 x --pairs)")
     ap.add_argument("--min-prompts", type=int, default=8, help="prompts of a run: one a stream, at least this")
@@ -156,42 +192,27 @@ def main() -> int:
     table = arms(ns.methods, ns.k, ns.fixed_k, ns.aa)
     sources = base_arms(table, ns.methods, ns.base) if ns.base else {}  # --base: the adaptive arms from REV too
     names = [a for a in table if a != "nospec"]
-    servers, pairs = {}, []
+    pairs: list[dict] = []
     commands: list[str] = []
-    try:
-        commands += start_servers(servers, table, ns.server_flags, logs, sources)
-        for temp in ns.temperatures:
-            for conc in ns.concurrency:
-                run_ns = argparse.Namespace(num_prompts=prompts_at(conc, ns), output_len=ns.output_len)
-                # One run a server first, not counted: a point's prompts then sit in every server's prefix cache
-                # alike (without it an arm's first run prefilled them while no speculation's, after the A/A pair,
-                # found them cached: 0.54-0.77x at each new point of the first grid, whatever the arm drafted).
-                print(f"[T={temp} c={conc}] a warm-up run on every server", flush=True)
-                for a in table:
-                    bench_run(servers[a][1], temp, conc, run_ns, logs)
-                todo = {a: ns.pairs for a in names}
-                for attempt in range(max_pairs):
-                    for arm in [a for a in names if todo[a] > 0]:
-                        order = ("nospec", arm) if (attempt + len(pairs)) % 2 == 0 else (arm, "nospec")
-                        runs = {}
-                        for a in order:
-                            bench, run = bench_run(servers[a][1], temp, conc, run_ns, logs)
-                            if len(commands) == len(table):  # the servers' lines, then the first run's
-                                commands.append(shlex.join(bench).replace(servers[a][1], "http://127.0.0.1:PORT"))
-                            runs[a] = run
-                        where = pair_uniform(runs[order[0]], runs[order[1]])
-                        ratio = (runs[arm]["result"]["output_throughput"]
-                                 / runs["nospec"]["result"]["output_throughput"])
-                        pairs.append({"arm": arm, "temperature": temp, "concurrency": conc, "order": list(order),
-                                      "placement": where, "ratio": ratio, "runs": runs})
-                        todo[arm] -= where is not None
-                        print(f"[T={temp} c={conc} try {attempt + 1}] {arm} / nospec {ratio:.3f} "
-                              f"({where or 'moved'}; {todo[arm]} to go)", flush=True)
-                    if not any(v > 0 for v in todo.values()):
-                        break
-    finally:
-        for proc, _ in servers.values():
-            stop_server(proc)
+    for rnd in range(ns.restarts):
+        servers: dict = {}
+        label = f"round {rnd + 1}/{ns.restarts}: " if ns.restarts > 1 else ""
+        try:
+            started = start_servers(servers, table, ns.server_flags, logs, sources, label=label,
+                                    log_suffix=f"_r{rnd + 1}" if ns.restarts > 1 else "")
+            commands += started if rnd == 0 else []
+            for temp in ns.temperatures:
+                for conc in ns.concurrency:
+                    run_points(servers, table, names, temp, conc, rnd, ns, logs, pairs, commands, max_pairs)
+        finally:
+            for proc, _ in servers.values():
+                stop_server(proc)
+        if ns.restarts > 1:  # each set of servers' own reading: a process's speed can stay apart for its life
+            for arm in names:
+                mine = [q["ratio"] for q in pairs if q["round"] == rnd and q["arm"] == arm]
+                if mine:
+                    print(f"[round {rnd + 1}] {arm} / nospec {summarize(mine)[0]:.3f} over {len(mine)} pairs tried",
+                          flush=True)
     meta = {"environment": environment(), "commands": commands, "args": vars(ns)}
     (out_dir / f"{ns.name}.json").write_text(json.dumps({"meta": meta, "pairs": pairs}, indent=1))
     summary = report(pairs, names, ns)
