@@ -476,7 +476,7 @@ def test_a_batch_larger_than_any_measured_drafts_only_near_certain_drafts_until_
     for _ in range(50):  # a request repeating an earlier output: near-certain drafts are taken anyway
         pol.acceptance.observe(sure, 3, 3)
     assert pol.plan([*four[1:], (sure, 3)]) == {"r1": 0, "r2": 0, "r3": 0, "s": 3}
-    pol.lines[3] = BatchLine(_fitted(4e-3, 0.01e-3), since_explore=-10_000)
+    pol.lines[3] = BatchLine(_fitted(4e-3, 0.5e-3), since_explore=-10_000)  # (a row at least one stream's)
     assert sum(pol.plan(four).values()) > 0 and pol.propose_k > 0
 
 

@@ -131,3 +131,28 @@ def test_an_unfitted_batch_class_borrows_the_nearest_larger_fitted_line():
     assert fitted_below(lines, 16) and not fitted_below(lines, 1)
     # Above every fitted class: its own line, unfitted, with smaller ones fitted (near-certain drafts only).
     assert not line_cost(lines, 64).fitted and fitted_below(lines, 64)
+
+
+def test_a_row_never_costs_less_than_in_a_settled_smaller_class():
+    """The 16-31-request class's first fit on the Xeon kind read 0.18 ms a row, settled, against the 8-15 class's
+    ~0.7: its line is read with the smaller class's row cost, through the same recent mean step; a larger row
+    cost, an unfitted line and a smaller class's own line are left as they are."""
+    from collections import defaultdict
+
+    from tandem.core.step_cost import BatchLine, batch_class, line_cost
+
+    lines: defaultdict[int, BatchLine] = defaultdict(BatchLine)
+    for n, per_row in ((8, 0.7e-3), (16, 0.18e-3)):
+        cost = lines[batch_class(n)].cost
+        for rows in (n, n + n // 2, 2 * n, n + n // 4) * 4:
+            cost.observe(rows, 30e-3 + per_row * rows)
+        assert cost.settled
+    small, big = lines[batch_class(8)].cost, lines[batch_class(16)].cost
+    assert big.per_row == pytest.approx(0.18e-3)
+    read = line_cost(lines, 16)
+    assert read is not big and read.per_row == pytest.approx(0.7e-3) and big.per_row == pytest.approx(0.18e-3)
+    mx, _, my = big.recent.get()
+    assert read.seconds(mx) == pytest.approx(big.seconds(mx))  # the same step where the steps were
+    assert line_cost(lines, 8) is small
+    lines[batch_class(40)].cost.observe(40, 0.05)  # one step: not fitted, returned as is
+    assert line_cost(lines, 40) is lines[batch_class(40)].cost

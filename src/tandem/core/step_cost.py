@@ -19,7 +19,7 @@ only near-certain drafts until its own line is fitted (``fitted_below``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 LEVEL_DECAY = 0.97  # forgetting factor of the level (about 30 steps of memory)
 SLOPE_DECAY = 0.995  # forgetting factor of the slopes (about 200 steps)
@@ -122,6 +122,15 @@ class StepCost:
     def seconds(self, rows: float, passes: int = 0) -> float:
         return self.fixed + self.per_row * rows + self.per_pass * passes
 
+    def with_row_floor(self, floor: float) -> StepCost:
+        """This line with its row cost at least ``floor``, through the same recent mean step (``fixed`` lowered to
+        match): itself where it is not below, or not fitted. The copy is for reading (``line_cost``); it shares
+        the memories."""
+        if self.per_row >= floor or not self.fitted:
+            return self
+        mx, mz, my = self.recent.get()
+        return replace(self, per_row=floor, fixed=max(my - floor * mx - self.per_pass * mz, 0.0))
+
     def as_dict(self) -> dict[str, float | int | bool]:
         return {"fitted": self.fitted, "settled": self.settled, "fixed_s": self.fixed, "per_row_s": self.per_row,
                 "per_pass_s": self.per_pass, "steps": self.steps}
@@ -148,13 +157,19 @@ def line_cost(lines: dict[int, BatchLine], num_reqs: int) -> StepCost:
     rare batch size's few steps can give any slope — else its own, fitted or not (the policy explores an
     unfitted one every ``MIN_FIT_STEPS`` steps). Never a smaller class's: at one stream a verify row rides the
     weight read (~0.4 ms on a 2-core CPU, against ~1.1 ms at four streams), and that line would buy a larger
-    batch drafts that lose (``fitted_below``)."""
+    batch drafts that lose (``fitted_below``).
+
+    By the same rule a row never costs less than in a settled smaller class (``with_row_floor``): a settled slope
+    can still be read low — ``settled`` bounds its error by a tenth of a row's *mean* time, ~0.2 ms at sixteen
+    streams, while the slope itself is ~0.5 ms — and the 16-31-request class's first fit on the Xeon kind read
+    0.18 ms a row against the 8-15 class's 0.68-0.82: suffix drafts at ~0.4 acceptance looked cheap and were
+    bought at a loss for several runs (BENCHMARKS.md §19, session 30)."""
     c = batch_class(num_reqs)
     own = lines[c].cost
-    if own.settled:
-        return own
     larger = [k for k, line in lines.items() if k > c and line.cost.fitted]
-    return lines[min(larger)].cost if larger else own
+    chosen = own if own.settled or not larger else lines[min(larger)].cost
+    floors = [line.cost.per_row for k, line in lines.items() if k < c and line.cost.settled]
+    return chosen.with_row_floor(max(floors)) if floors else chosen
 
 
 def fitted_below(lines: dict[int, BatchLine], num_reqs: int) -> bool:
