@@ -1,7 +1,7 @@
 """The speculation policy's state over a server's life: an in-process ``tandem serve`` (the same engine thread and
-app as the command), driven by ``tandem bench serve`` runs from a subprocess, and after each run the policy's
-cost lines, class acceptance estimates and chosen k (``spec_decode_stats()["policy"]``). Every decode step the
-cost fit saw (batch class, rows, passes, seconds) is written to ``--steps FILE``; ``--replay FILE`` feeds such a
+app as the command), driven by ``tandem bench serve`` runs from a subprocess, and after each run the policy's cost
+lines, class acceptance estimates and chosen k (``spec_decode_stats()["policy"]``). Every decode step the cost fit
+saw (batch class, rows, passes, seconds, requests) is written to ``--steps FILE``; ``--replay FILE`` feeds such a
 file to the cost fit of the checked-out code and prints how far its fitted cost of a draft (a row and a pass)
 moved over the steps: the measure of the fit's noise in BENCHMARKS.md §19.
 
@@ -35,13 +35,13 @@ def replay(path: Path, label: str | None = None, series: Path | None = None) -> 
 
     out = json.loads(series.read_text()) if series and series.exists() else {}
 
-    by_class: dict[int, list[tuple[int, int, float]]] = {}
-    for cls, rows, passes, seconds in json.loads(path.read_text()):
-        by_class.setdefault(cls, []).append((rows, passes, seconds))
+    by_class: dict[int, list[tuple[int, int, float, int]]] = {}
+    for cls, rows, passes, seconds, *reqs in json.loads(path.read_text()):  # files before session 31: no requests
+        by_class.setdefault(cls, []).append((rows, passes, seconds, reqs[0] if reqs else 0))
     for cls, steps in sorted(by_class.items()):
         cost, est = StepCost(), []
-        for rows, passes, seconds in steps:
-            cost.observe(rows, seconds, passes)
+        for rows, passes, seconds, reqs in steps:
+            cost.observe(rows, seconds, passes, reqs)
             if cost.fitted:
                 est.append((cost.per_row + cost.per_pass) * 1e3)
         if not est:
@@ -51,7 +51,8 @@ def replay(path: Path, label: str | None = None, series: Path | None = None) -> 
         q, n = sorted(est), len(est)
         print(f"class {cls}: {len(steps)} steps; a draft's fitted cost (row + pass) ms: "
               f"median {statistics.median(q):.2f} p5 {q[n // 20]:.2f} p95 {q[19 * n // 20]:.2f} "
-              f"min {q[0]:.2f} max {q[-1]:.2f}")
+              f"min {q[0]:.2f} max {q[-1]:.2f}; last: row {cost.per_row * 1e3:.2f} pass {cost.per_pass * 1e3:.2f} "
+              f"settled {cost.settled}")
     if series:
         series.write_text(json.dumps(out))
 
@@ -106,12 +107,12 @@ def main() -> int:
     from tandem.engine.async_llm import AsyncLLM
     from tandem.entrypoints.openai.server import build_app
 
-    steps: list[tuple[int, int, int, float]] = []  # (id of the StepCost, rows, passes, seconds)
+    steps: list[tuple[int, int, int, float, int]] = []  # (id of the StepCost, rows, passes, seconds, requests)
     observe = step_cost.StepCost.observe
 
-    def recording(self: step_cost.StepCost, rows: int, seconds: float, passes: int = 0) -> None:
-        steps.append((id(self), rows, passes, seconds))
-        observe(self, rows, seconds, passes)
+    def recording(self: step_cost.StepCost, rows: int, seconds: float, passes: int = 0, reqs: int = 0) -> None:
+        steps.append((id(self), rows, passes, seconds, reqs))
+        observe(self, rows, seconds, passes, reqs)
 
     step_cost.StepCost.observe = recording  # type: ignore[method-assign]
     engine = AsyncLLM(ns.model, max_num_seqs=64, speculative_config=json.loads(ns.spec))
