@@ -8,6 +8,7 @@ moved over the steps: the measure of the fit's noise in BENCHMARKS.md §19.
     python benchmarks/spec_policy_state.py --spec '{"method":"eagle3","num_speculative_tokens":3}' \\
         --temperatures 0.7 1.0 --runs 6 --steps /tmp/steps.json
     python benchmarks/spec_policy_state.py --replay /tmp/steps.json --label now --series /tmp/fit.json
+    python benchmarks/spec_policy_state.py --replay /tmp/steps.json --base HEAD~1 --series /tmp/fit.json
     python benchmarks/spec_policy_state.py --plot /tmp/fit.json /tmp/fit.png
 """
 
@@ -28,31 +29,60 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_spec_policy import bench_run  # noqa: E402
 
 
-def replay(path: Path, label: str | None = None, series: Path | None = None) -> None:
-    """The cost fit of this checkout over recorded steps: per batch class, the fitted cost of one draft (with
-    ``series``: each class's cost step by step added to that JSON file under ``label``, for ``plot``)."""
-    from tandem.core.step_cost import StepCost
+def step_cost_class(base: str | None) -> type:
+    """``StepCost`` of this checkout, or (``base``) of that git revision's core/step_cost.py, loaded on its own."""
+    if base is None:
+        from tandem.core.step_cost import StepCost
 
+        return StepCost
+    import importlib.util
+    import subprocess
+
+    src = subprocess.run(["git", "show", f"{base}:src/tandem/core/step_cost.py"], check=True, capture_output=True,
+                         text=True, cwd=Path(__file__).parent).stdout
+    path = Path(tempfile.mkdtemp(prefix="tandem-step-cost-")) / "step_cost_base.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("step_cost_base", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["step_cost_base"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.StepCost
+
+
+def replay(path: Path, label: str | None = None, series: Path | None = None, base: str | None = None) -> None:
+    """The cost fit of this checkout (or of revision ``base``) over recorded steps: per batch class, the fitted
+    cost of one draft, a row's and a pass's (with ``series``: each class's cost of a draft step by step added to
+    that JSON file under ``label``, for ``plot``)."""
+    import inspect
+
+    cost_class = step_cost_class(base)
+    told = "reqs" in inspect.signature(cost_class.observe).parameters  # revisions before session 31: not told
     out = json.loads(series.read_text()) if series and series.exists() else {}
 
     by_class: dict[int, list[tuple[int, int, float, int]]] = {}
     for cls, rows, passes, seconds, *reqs in json.loads(path.read_text()):  # files before session 31: no requests
         by_class.setdefault(cls, []).append((rows, passes, seconds, reqs[0] if reqs else 0))
     for cls, steps in sorted(by_class.items()):
-        cost, est = StepCost(), []
+        cost, fits = cost_class(), []
         for rows, passes, seconds, reqs in steps:
-            cost.observe(rows, seconds, passes, reqs)
+            if told:
+                cost.observe(rows, seconds, passes, reqs)
+            else:
+                cost.observe(rows, seconds, passes)
             if cost.fitted:
-                est.append((cost.per_row + cost.per_pass) * 1e3)
-        if not est:
+                fits.append((cost.per_row * 1e3, cost.per_pass * 1e3))
+        if not fits:
             print(f"class {cls}: {len(steps)} steps, never fitted")
             continue
-        out.setdefault(f"class {cls}", {})[label or "this checkout"] = est
+        est = [row + pass_ for row, pass_ in fits]
+        out.setdefault(f"class {cls}", {})[label or base or "this checkout"] = est
         q, n = sorted(est), len(est)
+        row, pass_ = sorted(f[0] for f in fits), sorted(f[1] for f in fits)
         print(f"class {cls}: {len(steps)} steps; a draft's fitted cost (row + pass) ms: "
               f"median {statistics.median(q):.2f} p5 {q[n // 20]:.2f} p95 {q[19 * n // 20]:.2f} "
-              f"min {q[0]:.2f} max {q[-1]:.2f}; last: row {cost.per_row * 1e3:.2f} pass {cost.per_pass * 1e3:.2f} "
-              f"settled {cost.settled}")
+              f"min {q[0]:.2f} max {q[-1]:.2f}; row median {statistics.median(row):.2f} ({row[0]:.2f}-{row[-1]:.2f}), "
+              f"pass median {statistics.median(pass_):.2f} (max {pass_[-1]:.2f}); "
+              f"last: row {cost.per_row * 1e3:.2f} pass {cost.per_pass * 1e3:.2f} settled {cost.settled}")
     if series:
         series.write_text(json.dumps(out))
 
@@ -91,6 +121,7 @@ def main() -> int:
     ap.add_argument("--steps", help="write every decode step the cost fit saw here (JSON)")
     ap.add_argument("--replay", help="only replay a --steps file through this checkout's cost fit")
     ap.add_argument("--label", help="with --replay: this checkout's name in --series")
+    ap.add_argument("--base", help="with --replay: the cost fit of this git revision instead of the checkout's")
     ap.add_argument("--series", help="with --replay: add the fitted cost step by step to this JSON file")
     ap.add_argument("--plot", nargs=2, metavar=("SERIES", "PNG"), help="only plot a --series file")
     ns = ap.parse_args()
@@ -98,7 +129,7 @@ def main() -> int:
         plot(Path(ns.plot[0]), Path(ns.plot[1]))
         return 0
     if ns.replay:
-        replay(Path(ns.replay), ns.label, Path(ns.series) if ns.series else None)
+        replay(Path(ns.replay), ns.label, Path(ns.series) if ns.series else None, ns.base)
         return 0
 
     import uvicorn
