@@ -53,10 +53,7 @@ def replay(path: Path, label: str | None = None, series: Path | None = None, bas
     """The cost fit of this checkout (or of revision ``base``) over recorded steps: per batch class, the fitted
     cost of one draft, a row's and a pass's (with ``series``: each class's cost of a draft step by step added to
     that JSON file under ``label``, for ``plot``)."""
-    import inspect
-
     cost_class = step_cost_class(base)
-    told = "reqs" in inspect.signature(cost_class.observe).parameters  # revisions before session 31: not told
     out = json.loads(series.read_text()) if series and series.exists() else {}
 
     by_class: dict[int, list[tuple[int, int, float, int]]] = {}
@@ -64,11 +61,8 @@ def replay(path: Path, label: str | None = None, series: Path | None = None, bas
         by_class.setdefault(cls, []).append((rows, passes, seconds, reqs[0] if reqs else 0))
     for cls, steps in sorted(by_class.items()):
         cost, fits = cost_class(), []
-        for rows, passes, seconds, reqs in steps:
-            if told:
-                cost.observe(rows, seconds, passes, reqs)
-            else:
-                cost.observe(rows, seconds, passes)
+        for rows, passes, seconds, _reqs in steps:
+            cost.observe(rows, seconds, passes)
             if cost.fitted:
                 fits.append((cost.per_row * 1e3, cost.per_pass * 1e3))
         if not fits:
@@ -135,17 +129,26 @@ def main() -> int:
     import uvicorn
 
     from tandem.core import step_cost
+    from tandem.core.spec_policy import AdaptivePolicy
     from tandem.engine.async_llm import AsyncLLM
     from tandem.entrypoints.openai.server import build_app
 
     steps: list[tuple[int, int, int, float, int]] = []  # (id of the StepCost, rows, passes, seconds, requests)
     observe = step_cost.StepCost.observe
 
-    def recording(self: step_cost.StepCost, rows: int, seconds: float, passes: int = 0, reqs: int = 0) -> None:
-        steps.append((id(self), rows, passes, seconds, reqs))
-        observe(self, rows, seconds, passes, reqs)
+    observe_step = AdaptivePolicy.observe_step
+    reqs = [0]  # the step's decoding requests, as the policy reads them (kept for replays to tell steps apart)
+
+    def policy_step(self: AdaptivePolicy, so, busy: bool) -> None:  # type: ignore[no-untyped-def]
+        reqs[0] = len(so.num_scheduled_tokens)
+        observe_step(self, so, busy)
+
+    def recording(self: step_cost.StepCost, rows: int, seconds: float, passes: int = 0) -> None:
+        steps.append((id(self), rows, passes, seconds, reqs[0]))
+        observe(self, rows, seconds, passes)
 
     step_cost.StepCost.observe = recording  # type: ignore[method-assign]
+    AdaptivePolicy.observe_step = policy_step  # type: ignore[method-assign]
     engine = AsyncLLM(ns.model, max_num_seqs=64, speculative_config=json.loads(ns.spec))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -79,35 +79,11 @@ def test_a_pass_not_told_from_noise_stays_in_the_row():
     for i in range(120):
         drafting = i % 16 not in (0, 1)  # the policy's explorations: a step without drafts now and then
         rows = 32 + (rng.randint(9, 32) if drafting else 0)
-        noisy.observe(rows, 0.1 + 0.0025 * rows + rng.gauss(0, 0.02), int(drafting), 32)
-        clean.observe(rows, 0.1 + 0.0025 * rows + 0.004 * drafting + rng.gauss(0, 2e-4), int(drafting), 32)
+        noisy.observe(rows, 0.1 + 0.0025 * rows + rng.gauss(0, 0.02), int(drafting))
+        clean.observe(rows, 0.1 + 0.0025 * rows + 0.004 * drafting + rng.gauss(0, 2e-4), int(drafting))
         assert noisy.per_pass == 0.0
     assert PASS_T >= 2.0 and noisy.settled and noisy.per_row == pytest.approx(0.0025, rel=0.5)
     assert clean.per_pass == pytest.approx(0.004, rel=0.1) and clean.per_row == pytest.approx(0.0025, rel=0.05)
-
-
-def test_a_request_come_or_gone_is_no_row_of_the_slope():
-    """The batch class that 32 streams pass through as their requests finish (16-31): each step has a request
-    fewer than a few steps before, a request costing 6 ms (its context's attention, sampling, output) against a
-    verify row's 1 ms. Told the steps' request counts, the fit takes a step's difference only from steps of as
-    many requests, and reads the row; not told (every step one count), it reads the requests' cost."""
-    told, blind = StepCost(), StepCost()
-    for reqs in range(31, 15, -1):
-        for i in range(6):
-            drafts = 0 if i % 3 else 8
-            seconds = 0.02 + 0.006 * reqs + 0.001 * drafts
-            told.observe(reqs + drafts, seconds, int(drafts > 0), reqs)
-            blind.observe(reqs + drafts, seconds, int(drafts > 0))
-    assert told.settled and told.per_row + told.per_pass / 8 == pytest.approx(0.001, rel=0.05)
-    assert blind.per_row > 0.002
-
-
-def test_one_difference_settles_nothing():
-    """A slope fitted from a single step that differs has no residual at all: it is fitted, not settled."""
-    cost = StepCost()
-    for rows in (4, 4, 4, 4, 8):
-        cost.observe(rows, 0.005 + 0.001 * rows)
-    assert cost.fitted and not cost.settled
 
 
 def test_the_fit_stays_when_the_steps_turn_alike_and_its_level_follows():

@@ -343,7 +343,7 @@ class AdaptivePolicy(TreeChoice, FixedPolicy):
             if so.num_tree_rows or so.draft_trees:
                 self._observe_tree_step(cost, rows, passes, seconds)
             else:
-                cost.observe(rows, seconds, passes, n_reqs)
+                cost.observe(rows, seconds, passes)
         self._last = now if busy else None
 
     def shadow(self, step_id: int) -> set[str]:

@@ -4,11 +4,11 @@ passes`` for decode steps, fitted by exponentially forgetting least squares. Pur
 Two memories. The slopes (``per_row``, ``per_pass``) need steps of different sizes, and under the policy most
 steps are alike — it keeps choosing the same drafts, and the steps that differ are its explorations, up to
 ``EXPLORE_MAX`` steps apart — so they are fitted over a long memory (``SLOPE_DECAY``), from each step's difference
-with the steps of as many requests just before it. The level moves with the requests' contexts and the machine's
-speed, so ``fixed`` puts the line through the mean of the recent steps (``LEVEL_DECAY``). Once fitted, the line
-stays fitted: where the steps seen lately are too alike to tell a slope (spread below ``SPREAD``) the slopes stand
-as last fitted instead of being guessed from noise, and the policy never falls back to verifying every draft
-because its own choice made the steps uniform.
+with the steps just before it. The level moves with the requests' contexts and the machine's speed, so ``fixed``
+puts the line through the mean of the recent steps (``LEVEL_DECAY``). Once fitted, the line stays fitted: where
+the steps seen lately are too alike to tell a slope (spread below ``SPREAD``) the slopes stand as last fitted
+instead of being guessed from noise, and the policy never falls back to verifying every draft because its own
+choice made the steps uniform.
 
 The policy keeps one line per batch class (``batch_class``: 1, 2-3, 4-7, ... decoding requests, ``BatchLine``):
 a row's cost is no line across batch sizes (at one stream a verify row rides the weight read, at 32 it is
@@ -68,9 +68,6 @@ class StepCost:
     the line through the mean of the recent steps (``LEVEL_DECAY``)."""
 
     recent: Means = field(default_factory=Means)  # the level
-    # The recent steps of the last step's request count (``ref_reqs``): what a step's difference is taken from.
-    ref: Means = field(default_factory=Means)
-    ref_reqs: int = 0
     # Long-memory weighted count and sums of the differences' squares and products: rows x, passes z, seconds y.
     n: float = 0.0
     dxx: float = 0.0
@@ -88,25 +85,14 @@ class StepCost:
     # The slope has been known to within ``TRUST`` of a row's mean time (it stays True from then on).
     settled: bool = False
 
-    def observe(self, rows: int, seconds: float, passes: int = 0, reqs: int = 0) -> None:
-        """One decode step: ``rows`` logits rows for ``reqs`` requests (0: not told; every step then counts as
-        of one request count), ``passes`` drafting passes, ``seconds`` its period. Its difference for the slopes
-        is taken from the recent steps of as many requests only: a request come or gone moves a step by its whole
-        cost (its context's attention, its sampling and output), not by a verify row's — and in a class that a
-        batch only passes through as its requests finish (16-31 of 32 streams) those differences are most of
-        what it sees: replayed, such a class's row read 0-2.9 ms with a pass of up to 44 ms (Zen 3, session 31;
-        2.4-2.6 ms and no pass told by request count), and ``line_cost``'s floor carries a settled smaller
-        class's row up to the larger batch."""
-        if reqs != self.ref_reqs:
-            self.ref, self.ref_reqs = Means(), reqs
-        if self.ref.n > 0.0:
-            mx, mz, my = self.ref.get()
+    def observe(self, rows: int, seconds: float, passes: int = 0) -> None:
+        if self.recent.n > 0.0:
+            mx, mz, my = self.recent.get()
             x, z, y, d = rows - mx, passes - mz, seconds - my, SLOPE_DECAY
             if abs(x) >= INFORMATIVE or abs(z) >= INFORMATIVE:
                 self.n, self.dxx, self.dxz = d * self.n + 1, d * self.dxx + x * x, d * self.dxz + x * z
                 self.dzz, self.dxy, self.dzy = d * self.dzz + z * z, d * self.dxy + x * y, d * self.dzy + z * y
                 self.dyy = d * self.dyy + y * y
-        self.ref.add(LEVEL_DECAY, rows, passes, seconds)
         self.recent.add(LEVEL_DECAY, rows, passes, seconds)
         self.steps += 1
         mx, mz, my = self.recent.get()
@@ -120,7 +106,7 @@ class StepCost:
             return  # too alike to tell a slope: the last one stands (none yet: not fitted)
         vxx, vzz, vxz = self.dxx / n, self.dzz / n, self.dxz / n
         cxy, czy = self.dxy / n, self.dzy / n
-        slope, per_pass, inv_xx, fitted_slopes = cxy / vxx, 0.0, 1.0 / vxx, 1
+        slope, per_pass, inv_xx = cxy / vxx, 0.0, 1.0 / vxx
         if vzz > 0.0 and vxz * vxz < COLLINEAR * vxx * vzz and n > 2.0:
             det = vxx * vzz - vxz * vxz
             two_pass = (vxx * czy - vxz * cxy) / det
@@ -129,14 +115,12 @@ class StepCost:
             # stays in per_row, as where passes and rows move together.
             resid = max(self.dyy / n - two_row * cxy - two_pass * czy, 0.0) * n / (n - 2.0)
             if two_pass > 0.0 and two_pass >= PASS_T * (resid * (vxx / det) / n) ** 0.5:
-                slope, per_pass, inv_xx, fitted_slopes = two_row, two_pass, vzz / det, 2
-        # Settled once the slope's standard error (from the residuals, over the differences' weighted count less
-        # the slopes fitted) is within ``TRUST`` of a row's mean time, from at least ``MIN_FIT_STEPS``
-        # differences: a few steps of a rare batch size, their times moved by whatever else the host did then,
-        # can give a slope of any size (``line_cost`` prefers a larger class's line to an unsettled one) — and
-        # one difference fits its slope with no residual at all.
-        if not self.settled and n >= MIN_FIT_STEPS:
-            resid = max(self.dyy / n - slope * cxy - per_pass * czy, 0.0) * n / (n - fitted_slopes)
+                slope, per_pass, inv_xx = two_row, two_pass, vzz / det
+        # Settled once the slope's standard error (from the residuals) is within ``TRUST`` of a row's mean time:
+        # a few steps of a rare batch size, their times moved by whatever else the host did then, can give a
+        # slope of any size (``line_cost`` prefers a larger class's line to an unsettled one).
+        if not self.settled:
+            resid = max(self.dyy / n - slope * cxy - per_pass * czy, 0.0)
             self.settled = resid * inv_xx / n <= (TRUST * my / max(mx, 1.0)) ** 2
         self.per_row = max(slope, 1e-3 * my / max(mx, 1.0))  # noise never makes rows free
         self.per_pass = per_pass
