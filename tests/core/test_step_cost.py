@@ -67,25 +67,6 @@ def test_cost_fit_separates_drafting_passes_from_rows():
     assert together.per_pass == 0.0 and together.per_row == pytest.approx(0.0005 + 0.002 / 4, rel=0.01)
 
 
-def test_a_pass_not_told_from_noise_stays_in_the_row():
-    """A one-pass drafter at 32 streams: every step that drafts makes one pass, rows and passes nearly collinear,
-    steps moved by 20 ms of the host's noise. The two-slope fit reads a pass of any size there (Zen 3: 2-29 ms,
-    with a standard error of 10-37); unless it stands ``PASS_T`` standard errors above 0 the pass stays in the
-    row, as where the two move together exactly. The same fit with a real pass and little noise finds it."""
-    from tandem.core.step_cost import PASS_T
-
-    rng = random.Random(3)
-    noisy, clean = StepCost(), StepCost()
-    for i in range(120):
-        drafting = i % 16 not in (0, 1)  # the policy's explorations: a step without drafts now and then
-        rows = 32 + (rng.randint(9, 32) if drafting else 0)
-        noisy.observe(rows, 0.1 + 0.0025 * rows + rng.gauss(0, 0.02), int(drafting))
-        clean.observe(rows, 0.1 + 0.0025 * rows + 0.004 * drafting + rng.gauss(0, 2e-4), int(drafting))
-        assert noisy.per_pass == 0.0
-    assert PASS_T >= 2.0 and noisy.settled and noisy.per_row == pytest.approx(0.0025, rel=0.5)
-    assert clean.per_pass == pytest.approx(0.004, rel=0.1) and clean.per_row == pytest.approx(0.0025, rel=0.05)
-
-
 def test_the_fit_stays_when_the_steps_turn_alike_and_its_level_follows():
     """The policy's own choice makes its steps alike (no drafts for hundreds of steps): the slope stands as
     fitted — the policy never falls back to verifying every draft — and the level follows the recent steps."""

@@ -25,8 +25,7 @@ second — from two estimates:
   (``ONE_PASS_METHODS``) counts one pass for a step that drafts at all: its cost, with the switch from plain
   sampling to verification, is a step's, not a draft's (suffix, one stream: ~1.3 ms for the first draft, ~0.4
   for each further one). Where the steps seen cannot tell it from ``per_row`` (passes and rows moving
-  together, or its fit not ``PASS_T`` standard errors above 0) it is left at 0. One line per batch class
-  (``step_cost.batch_class``), each with its own
+  together) it is left at 0. One line per batch class (``step_cost.batch_class``), each with its own
   explorations: at one stream a verify row rides the weight read (~0.4 ms), at 32 it is compute (~1.1 ms), and
   a single line carried a 32-stream slope into a one-stream phase whose alike steps never refitted it. ``n`` counts scheduled slots: where the worker
   does not feed the ones the proposer left empty (async on the CPU, worker/input_prep.py), the fit prices a

@@ -3,12 +3,12 @@ passes`` for decode steps, fitted by exponentially forgetting least squares. Pur
 
 Two memories. The slopes (``per_row``, ``per_pass``) need steps of different sizes, and under the policy most
 steps are alike — it keeps choosing the same drafts, and the steps that differ are its explorations, up to
-``EXPLORE_MAX`` steps apart — so they are fitted over a long memory (``SLOPE_DECAY``), from each step's difference
-with the steps just before it. The level moves with the requests' contexts and the machine's speed, so ``fixed``
-puts the line through the mean of the recent steps (``LEVEL_DECAY``). Once fitted, the line stays fitted: where
-the steps seen lately are too alike to tell a slope (spread below ``SPREAD``) the slopes stand as last fitted
-instead of being guessed from noise, and the policy never falls back to verifying every draft because its own
-choice made the steps uniform.
+``EXPLORE_MAX`` steps apart — so they are fitted over a long memory (``SLOPE_DECAY``), from each step's
+difference with the steps just before it. The level moves with the requests' contexts and the machine's speed,
+so ``fixed`` puts the line through the mean of the recent steps (``LEVEL_DECAY``). Once fitted, the line stays
+fitted: where the steps seen lately are too alike to tell a slope (spread below ``SPREAD``) the slopes stand as
+last fitted instead of being guessed from noise, and the policy never falls back to verifying every draft
+because its own choice made the steps uniform.
 
 The policy keeps one line per batch class (``batch_class``: 1, 2-3, 4-7, ... decoding requests, ``BatchLine``):
 a row's cost is no line across batch sizes (at one stream a verify row rides the weight read, at 32 it is
@@ -28,11 +28,6 @@ SPREAD = 0.05  # relative spread of the rows (std / mean, slope memory) below wh
 # Where passes and rows move together (squared correlation above this) the fit cannot tell them apart: the
 # passes' share is left at 0, all in per_row (the line before passes were counted).
 COLLINEAR = 0.95
-# A drafting pass's cost is fitted apart from a row's only where it is at least this many standard errors above
-# 0. Suffix decoding at 32 greedy streams (Zen 3, session 31) fitted a pass at 2-29 ms with a standard error of
-# 10-37 ms: drafts looked dear for tens of steps after the first explorations (the engine drafting one pass a
-# step whatever its rows, rows and passes nearly collinear).
-PASS_T = 3.0
 # A slope is used once its standard error is at most this fraction of a row's mean time (``_fit_slopes``).
 TRUST = 0.1
 # A step enters the slopes' memory (and ages it) only where its rows or passes differ from the recent mean by at
@@ -107,15 +102,13 @@ class StepCost:
         vxx, vzz, vxz = self.dxx / n, self.dzz / n, self.dxz / n
         cxy, czy = self.dxy / n, self.dzy / n
         slope, per_pass, inv_xx = cxy / vxx, 0.0, 1.0 / vxx
-        if vzz > 0.0 and vxz * vxz < COLLINEAR * vxx * vzz and n > 2.0:
+        if vzz > 0.0 and vxz * vxz < COLLINEAR * vxx * vzz:
             det = vxx * vzz - vxz * vxz
-            two_pass = (vxx * czy - vxz * cxy) / det
-            two_row = (cxy * vzz - vxz * czy) / det
-            # The passes' share is taken where it is told from noise (``PASS_T`` standard errors above 0); else it
-            # stays in per_row, as where passes and rows move together.
-            resid = max(self.dyy / n - two_row * cxy - two_pass * czy, 0.0) * n / (n - 2.0)
-            if two_pass > 0.0 and two_pass >= PASS_T * (resid * (vxx / det) / n) ** 0.5:
-                slope, per_pass, inv_xx = two_row, two_pass, vzz / det
+            per_pass = (vxx * czy - vxz * cxy) / det
+            if per_pass > 0.0:
+                slope, inv_xx = (cxy * vzz - vxz * czy) / det, vzz / det
+            else:
+                per_pass = 0.0
         # Settled once the slope's standard error (from the residuals) is within ``TRUST`` of a row's mean time:
         # a few steps of a rare batch size, their times moved by whatever else the host did then, can give a
         # slope of any size (``line_cost`` prefers a larger class's line to an unsettled one).
