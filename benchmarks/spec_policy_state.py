@@ -56,12 +56,12 @@ def replay(path: Path, label: str | None = None, series: Path | None = None, bas
     cost_class = step_cost_class(base)
     out = json.loads(series.read_text()) if series and series.exists() else {}
 
-    by_class: dict[int, list[tuple[int, int, float, int]]] = {}
-    for cls, rows, passes, seconds, *reqs in json.loads(path.read_text()):  # files before session 31: no requests
-        by_class.setdefault(cls, []).append((rows, passes, seconds, reqs[0] if reqs else 0))
+    by_class: dict[int, list[tuple[int, int, float]]] = {}
+    for cls, rows, passes, seconds, *_requests in json.loads(path.read_text()):  # before session 31: no requests
+        by_class.setdefault(cls, []).append((rows, passes, seconds))
     for cls, steps in sorted(by_class.items()):
         cost, fits = cost_class(), []
-        for rows, passes, seconds, _reqs in steps:
+        for rows, passes, seconds in steps:
             cost.observe(rows, seconds, passes)
             if cost.fitted:
                 fits.append((cost.per_row * 1e3, cost.per_pass * 1e3))
@@ -135,9 +135,8 @@ def main() -> int:
 
     steps: list[tuple[int, int, int, float, int]] = []  # (id of the StepCost, rows, passes, seconds, requests)
     observe = step_cost.StepCost.observe
-
     observe_step = AdaptivePolicy.observe_step
-    reqs = [0]  # the step's decoding requests, as the policy reads them (kept for replays to tell steps apart)
+    reqs = [0]  # the step's decoding requests, as the policy read them (recorded, to tell steps apart by)
 
     def policy_step(self: AdaptivePolicy, so, busy: bool) -> None:  # type: ignore[no-untyped-def]
         reqs[0] = len(so.num_scheduled_tokens)
