@@ -11,7 +11,7 @@ import pytest
 
 from tandem import LLM, SamplingParams
 from tandem.core.request import Request
-from tests.helpers import assert_greedy_match, humaneval_prompts
+from tests.helpers import assert_greedy_match, humaneval_prompts, mp_threads
 
 pytestmark = pytest.mark.slow
 
@@ -20,15 +20,8 @@ MAX_TOKENS = 20
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2, ignore_eos=True)
 
 
-# The mp worker's torch threads: by default it leaves the engine process a core, which on a two-core machine
-# runs the model on one thread, twice as long; the outputs do not depend on the thread count.
-MP_THREADS = {"worker_threads": 2}
-
-
 def _run(**kwargs) -> tuple[list, LLM]:
-    if kwargs.get("executor_backend") == "mp":
-        kwargs |= MP_THREADS
-    llm = LLM(max_num_seqs=8, debug_invariants=True, **kwargs)
+    llm = LLM(max_num_seqs=8, debug_invariants=True, **kwargs, **mp_threads(kwargs.get("executor_backend")))
     outs = llm.generate(list(humaneval_prompts(N_PROMPTS)), GREEDY, use_tqdm=False)
     return [o.outputs[0] for o in outs], llm
 
@@ -81,7 +74,7 @@ def test_preemption_small_kv_cache(reference, async_on):
 @pytest.mark.parametrize("backend", ["uni", "mp"])
 def test_random_aborts_mid_flight(reference, backend):
     llm = LLM(max_num_seqs=8, async_scheduling=True, executor_backend=backend, debug_invariants=True,
-              **(MP_THREADS if backend == "mp" else {}))
+              **mp_threads(backend))
     core, tok = llm.engine.core, llm.tokenizer
     eos = tok.eos_token_ids
     rng = random.Random(7)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tandem import LLM, SamplingParams
-from tests.helpers import humaneval_prompts
+from tests.helpers import humaneval_prompts, mp_threads
 
 pytestmark = pytest.mark.slow
 
@@ -24,9 +24,8 @@ PARAMS = [
 
 
 def _run(spec, backend: str, arm: str) -> tuple[list, dict]:
-    threads = {"worker_threads": 2} if backend == "mp" else {}  # mp's default leaves the engine a core: one here
     llm = LLM(max_num_seqs=8, speculative_config=spec, executor_backend=backend,
-              debug_invariants=True, **ARMS[arm], **threads)
+              debug_invariants=True, **ARMS[arm], **mp_threads(backend))
     prompts = list(humaneval_prompts(8))
     outs = llm.generate(prompts, [PARAMS[i % len(PARAMS)] for i in range(len(prompts))],
                         use_tqdm=False)
